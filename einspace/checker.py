@@ -1,0 +1,193 @@
+"""Check a tree against a grammar and an input: derivability, shapes, and the costs they imply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from einspace.errors import EinspaceError, Infeasible, TreeError
+from einspace.grammar.model import (
+    Alternative,
+    Grammar,
+    Item,
+    OpItem,
+    ParallelItem,
+    RepeatItem,
+    SymbolItem,
+    format_alternative,
+)
+from einspace.ops.registry import Group, get_op
+from einspace.state import FeatureState, Signal, describe
+from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal, describe_path, walk
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the checker learned about one node: the signal in and out, and its own cost.
+
+    `params` and `flops` cover the subtree once; `copies` says how many times the enclosing
+    Repeat nodes instantiate it.
+    """
+
+    input: Signal
+    output: Signal
+    params: int
+    flops: int
+    copies: int
+
+
+@dataclass(frozen=True)
+class CheckedTree:
+    """A tree that passed the checks, with per-node facts and whole-network totals."""
+
+    tree: Node
+    input: Signal
+    output: Signal
+    facts: dict[Path_, NodeFacts] = field(repr=False)
+    params: int
+    flops: int
+
+
+class _Checker:
+    """One walk that infers signals through the tree and, given a grammar, matches rules."""
+
+    def __init__(self, root: Node, grammar: Grammar | None):
+        self.root = root
+        self.grammar = grammar
+        self.facts: dict[Path_, NodeFacts] = {}
+
+    def fail(self, path: Path_, message: str) -> TreeError:
+        return TreeError(message, describe_path(self.root, path))
+
+    def node(self, node: Node, path: Path_, signal: Signal, copies: int) -> tuple[Signal, int, int]:
+        if isinstance(node, Terminal):
+            out, params, flops = self.terminal(node, path, signal)
+        elif isinstance(node, Nonterminal):
+            if self.grammar is not None:
+                self.match_rule(node, path, signal)
+            out, params, flops = signal, 0, 0
+            for i, child in enumerate(node.children):
+                out, p, f = self.node(child, (*path, i), out, copies)
+                params, flops = params + p, flops + f
+        elif isinstance(node, Parallel):
+            if len(signal) != len(node.children):
+                raise self.fail(path, f"{len(node.children)} parallel branches receive {describe(signal)}")
+            outs: list[FeatureState] = []
+            params = flops = 0
+            for i, (child, branch) in enumerate(zip(node.children, signal, strict=True)):
+                out, p, f = self.node(child, (*path, i), (branch,), copies)
+                outs.extend(out)
+                params, flops = params + p, flops + f
+            out = tuple(outs)
+        else:
+            if len(signal) != node.times or any(s != signal[0] for s in signal):
+                raise self.fail(
+                    path, f"a repeat over {node.times} equal branches receives {describe(signal)}"
+                )
+            inner, p, f = self.node(node.child, (*path, 0), signal[:1], copies * node.times)
+            out, params, flops = inner * node.times, p * node.times, f * node.times
+        self.facts[path] = NodeFacts(signal, out, params, flops, copies)
+        return out, params, flops
+
+    def terminal(self, node: Terminal, path: Path_, signal: Signal) -> tuple[Signal, int, int]:
+        try:
+            op = get_op(node.op)
+        except EinspaceError as exc:
+            raise self.fail(path, str(exc)) from None
+        args = dict(node.args)
+        try:
+            out = op.infer(signal, args)
+        except Infeasible as exc:
+            raise self.fail(path, f"{node.op} cannot apply to {describe(signal)}: {exc}") from None
+        except (KeyError, TypeError) as exc:
+            raise self.fail(path, f"bad arguments for {node.op}: {exc!r}") from None
+        return out, op.param_count(signal, args), op.flops(signal, args)
+
+    def match_rule(self, node: Nonterminal, path: Path_, signal: Signal) -> None:
+        assert self.grammar is not None
+        rules = self.grammar.rules_for(node.symbol)
+        if not rules:
+            known = ", ".join(self.grammar.nonterminals)
+            raise self.fail(path, f"the grammar has no symbol {node.symbol!r} (it has {known})")
+        rule = self.grammar.rule_for(node.symbol, signal)
+        if rule is None:
+            guards = "; ".join(" and ".join(map(str, r.guard)) for r in rules)
+            raise self.fail(
+                path, f"no rule for {node.symbol} applies to {describe(signal)} (guards: {guards})"
+            )
+        if not any(_matches(alt, node.children) for alt in rule.alternatives):
+            options = " | ".join(format_alternative(a) for a in rule.alternatives)
+            raise self.fail(path, f"{node.symbol} cannot derive these children here; its rule is {options}")
+
+
+def _matches(alternative: Alternative, kids: tuple[Node, ...]) -> bool:
+    return len(alternative.items) == len(kids) and all(map(_item_matches, alternative.items, kids))
+
+
+def _item_matches(item: Item, node: Node) -> bool:
+    if isinstance(item, SymbolItem):
+        return isinstance(node, Nonterminal) and node.symbol == item.name
+    if isinstance(item, OpItem):
+        return isinstance(node, Terminal) and node.op == item.name and node.args in item.choices
+    if isinstance(item, ParallelItem):
+        return (
+            isinstance(node, Parallel)
+            and len(node.children) == len(item.items)
+            and all(map(_item_matches, item.items, node.children))
+        )
+    if isinstance(item, RepeatItem):
+        return (
+            isinstance(node, Repeat)
+            and (item.times is None or item.times == node.times)
+            and _item_matches(item.item, node.child)
+        )
+    return False
+
+
+def check_tree(tree: Node, grammar: Grammar | None, input: FeatureState | Signal) -> CheckedTree:
+    """Check `tree` for input `input`; raise TreeError naming the first offending node.
+
+    With a grammar, every non-terminal must be derivable by the rule that applies to its
+    signal; without one only shapes are checked (trees are self-describing). The network
+    output must be a single tensor.
+    """
+    signal: Signal = (input,) if isinstance(input, FeatureState) else tuple(input)
+    checker = _Checker(tree, grammar)
+    if grammar is not None and isinstance(tree, Nonterminal) and tree.symbol != grammar.start:
+        raise TreeError(f"the root is {tree.symbol} but the grammar starts at {grammar.start}", tree.symbol)
+    out, params, flops = checker.node(tree, (), signal, 1)
+    if len(out) != 1:
+        raise TreeError(f"the network ends in {len(out)} branches; it must end in one tensor", "<root>")
+    return CheckedTree(tree, signal, out, checker.facts, params, flops)
+
+
+def statistics(checked: CheckedTree) -> dict[str, float | int | str]:
+    """Node counts, depth, mean branching factor, parameters, FLOPs and output of a checked tree.
+
+    Depth counts non-terminal levels (parallel and repeat groupings are transparent), as the
+    paper's derivation trees have no such nodes. The branching factor is the mean b of the
+    tree's branching operations (1 when it has none), as in the paper's Table 6.
+    """
+    terminals = nonterminals = 0
+    factors: list[int] = []
+    level: dict[Path_, int] = {(): 0}
+    deepest = 0
+    for path, node in walk(checked.tree):  # pre-order: a parent's level is known first
+        here = level[path[:-1]] if path else 0
+        if isinstance(node, Nonterminal):
+            nonterminals += 1
+            here += 1
+            deepest = max(deepest, here)
+        elif isinstance(node, Terminal):
+            terminals += 1
+            if get_op(node.op).group is Group.BRANCHING:
+                factors.append(len(checked.facts[path].output))
+        level[path] = here
+    return {
+        "terminals": terminals,
+        "nonterminals": nonterminals,
+        "depth": deepest,
+        "branching_factor": sum(factors) / len(factors) if factors else 1.0,
+        "params": checked.params,
+        "flops": checked.flops,
+        "output": describe(checked.output),
+    }

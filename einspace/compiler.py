@@ -1,0 +1,109 @@
+"""Compile a derivation tree into a torch module: the backbone, and a network with its head."""
+
+from __future__ import annotations
+
+import torch
+from einops import reduce
+from torch import nn
+
+from einspace.checker import CheckedTree, check_tree
+from einspace.errors import EinspaceError
+from einspace.grammar.model import Grammar
+from einspace.ops.registry import get_op
+from einspace.state import FeatureState, Signal
+from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal
+
+
+class Branches(nn.ModuleList):
+    """Applies module i to branch i of a list of tensors (a Parallel or Repeat node)."""
+
+    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [module(x) for module, x in zip(self, xs, strict=True)]
+
+
+class ClassificationHead(nn.Module):
+    """The paper's head (App. B.1): average away the spatial or sequence axes, then a linear layer.
+
+    im features (C, H, W) are averaged over H and W; col features (S, D) over the sequence S
+    (the usual token pooling; the paper's code averages over D instead, which pools each
+    token's features rather than the tokens).
+    """
+
+    def __init__(self, features: FeatureState, classes: int):
+        super().__init__()
+        if classes < 1:
+            raise EinspaceError(f"a classifier needs at least one class, got {classes}")
+        self.pattern = "b c h w -> b c" if len(features.shape) == 3 else "b s d -> b d"
+        width = features.shape[0] if len(features.shape) == 3 else features.shape[-1]
+        self.linear = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(reduce(x, self.pattern, "mean"))
+
+
+class Network(nn.Module):
+    """Backbone (the compiled tree) followed by a head."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+class _Compiler:
+    """Builds modules node by node; nested sequences are flattened into one nn.Sequential."""
+
+    def __init__(self, checked: CheckedTree):
+        self.facts = checked.facts
+
+    def sequence(self, node: Node, path: Path_) -> nn.Module:
+        modules = self.modules(node, path)
+        if not modules:
+            return nn.Identity()
+        return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
+
+    def modules(self, node: Node, path: Path_) -> list[nn.Module]:
+        if isinstance(node, Terminal):
+            module = get_op(node.op).build(self.facts[path].input, dict(node.args))
+            return [] if isinstance(module, nn.Identity) else [module]
+        if isinstance(node, Nonterminal):
+            out: list[nn.Module] = []
+            for i, child in enumerate(node.children):
+                out.extend(self.modules(child, (*path, i)))
+            return out
+        if isinstance(node, Parallel):
+            return [Branches(self.sequence(c, (*path, i)) for i, c in enumerate(node.children))]
+        if isinstance(node, Repeat):
+            # Each copy is built anew, so the b branches share structure but not weights.
+            return [Branches(self.sequence(node.child, (*path, 0)) for _ in range(node.times))]
+        raise EinspaceError(f"not a tree node: {node!r}")
+
+
+def compile_backbone(
+    tree: Node | CheckedTree, input: FeatureState | Signal | None = None, grammar: Grammar | None = None
+) -> nn.Module:
+    """The module a tree describes (checked first; a TreeError names a node that doesn't fit)."""
+    checked = tree if isinstance(tree, CheckedTree) else check_tree(tree, grammar, _need(input))
+    return _Compiler(checked).sequence(checked.tree, ())
+
+
+def compile_network(
+    tree: Node | CheckedTree,
+    input: FeatureState | Signal | None = None,
+    classes: int = 10,
+    grammar: Grammar | None = None,
+) -> Network:
+    """Backbone plus the classification head of App. B.1."""
+    checked = tree if isinstance(tree, CheckedTree) else check_tree(tree, grammar, _need(input))
+    return Network(
+        _Compiler(checked).sequence(checked.tree, ()), ClassificationHead(checked.output[0], classes)
+    )
+
+
+def _need(input: FeatureState | Signal | None) -> FeatureState | Signal:
+    if input is None:
+        raise EinspaceError("compiling a tree needs the input state (shape and mode)")
+    return input

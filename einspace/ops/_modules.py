@@ -1,0 +1,118 @@
+"""The torch modules behind the core operations that torch itself lacks (tensors carry a batch axis)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+
+class Clone(nn.Module):
+    """One tensor to `b` references to it; each branch builds on the same values."""
+
+    def __init__(self, b: int):
+        super().__init__()
+        self.b = b
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [x] * self.b
+
+    def extra_repr(self) -> str:
+        return f"b={self.b}"
+
+
+class GroupDim(nn.Module):
+    """Split tensor axis `dim` (batch is axis 0) into `b` equal parts."""
+
+    def __init__(self, dim: int, b: int):
+        super().__init__()
+        self.dim = dim
+        self.b = b
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.chunk(x, self.b, dim=self.dim))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, b={self.b}"
+
+
+class MatMul(nn.Module):
+    """Batched product of two branches over their last two axes, optionally times `scale`."""
+
+    def __init__(self, scale: float | None):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        a, b = xs
+        out = torch.matmul(a, b)
+        return out if self.scale is None else out * self.scale
+
+    def extra_repr(self) -> str:
+        return "" if self.scale is None else f"scale={self.scale:.4g}"
+
+
+class Add(nn.Module):
+    """Sum of all branches."""
+
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        out = xs[0]
+        for x in xs[1:]:
+            out = out + x
+        return out
+
+
+class Concat(nn.Module):
+    """Concatenation of all branches along tensor axis `dim` (batch is axis 0)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(xs, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Im2Col(nn.Module):
+    """Sliding k×k patches of [B, C, H, W] as tokens [B, h_out·w_out, C·k·k], features (c, ki, kj)."""
+
+    def __init__(self, k: int, s: int, p: int):
+        super().__init__()
+        self.k, self.s, self.p = k, s, p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        patches = F.unfold(x, kernel_size=self.k, padding=self.p, stride=self.s)
+        return rearrange(patches, "b d l -> b l d")
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, s={self.s}, p={self.p}"
+
+
+class ChannelLinear(nn.Linear):
+    """A linear layer over the channel axis of [B, C, H, W], i.e. a 1×1 convolution.
+
+    It keeps nn.Linear's parameters (weight [d, C], bias [d]) and initialisation, so weights
+    copy one-to-one between col-mode and im-mode linears; conv2d is faster than moving the
+    channels last and back.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.weight[:, :, None, None], self.bias)
+
+
+class PositionalEncoding(nn.Module):
+    """A learnable tensor of the feature shape, added to every sample (init N(0, 0.02²))."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(1, *shape) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.weight
+
+    def extra_repr(self) -> str:
+        return f"shape={tuple(self.weight.shape[1:])}"

@@ -1,0 +1,177 @@
+"""The one registry of terminal operations, and the contract every operation fulfils."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar
+
+from torch import nn
+
+from einspace.errors import EinspaceError, Infeasible, UnknownOperationError
+from einspace.state import Signal
+
+#: Argument values of an operation call, in the operation's declared argument order.
+Args = tuple[tuple[str, Any], ...]
+
+
+class Group(str, Enum):
+    """The paper's four function groups (Sec. 3.1), by how many tensors go in and out."""
+
+    BRANCHING = "branching"  # one to many
+    AGGREGATION = "aggregation"  # many to one
+    ROUTING = "routing"  # one to one, moves content without changing it
+    COMPUTATION = "computation"  # one to one, changes content
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One argument an operation takes: its name, Python type and a check of its value.
+
+    `check` returns None for a good value, or a short phrase saying what is wrong with it.
+    """
+
+    name: str
+    kind: type
+    check: Callable[[Any], str | None] = lambda value: None
+    doc: str = ""
+
+
+class Operation:
+    """A terminal operation: the contract sampler, checker and compiler share.
+
+    Subclasses set `name`, `group`, `arguments`, and implement `infer` (how the operation
+    transforms a signal, raising `Infeasible` with a reason when it cannot apply) and `build`
+    (a torch module). `param_count` and `flops` are computed from the signal alone, so a
+    budget can be enforced without instantiating anything.
+
+    Module calling conventions by group: computation and routing modules map a tensor to a
+    tensor; branching modules map a tensor to a list of tensors; aggregation modules map a
+    list of tensors to a tensor. Tensors carry a leading batch dimension; signals do not.
+    """
+
+    name: ClassVar[str]
+    group: ClassVar[Group]
+    arguments: ClassVar[tuple[Argument, ...]] = ()
+    description: ClassVar[str] = ""
+
+    def infer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
+        raise NotImplementedError
+
+    def build(self, signal: Signal, args: Mapping[str, Any]) -> nn.Module:
+        raise NotImplementedError
+
+    def param_count(self, signal: Signal, args: Mapping[str, Any]) -> int:
+        """Trainable parameters of the module `build` would return (default: none)."""
+        return 0
+
+    def flops(self, signal: Signal, args: Mapping[str, Any]) -> int:
+        """Floating-point operations for one sample (a multiply-add counts 2) (default: none)."""
+        return 0
+
+    def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
+        """How the operation maps (mode, branching factor), ignoring shapes; None if it cannot apply.
+
+        Used by the grammar analysis, which knows no shapes. The default follows the group:
+        one-to-one operations need b == 1 and keep the mode; branching sets b from the
+        argument `b`; aggregation merges any b >= 2 into one.
+        """
+        if self.group is Group.BRANCHING:
+            return (mode, int(args["b"])) if b == 1 else None
+        if self.group is Group.AGGREGATION:
+            return (mode, 1) if b >= 2 else None
+        return (mode, 1) if b == 1 else None
+
+    def __repr__(self) -> str:
+        return f"<operation {self.name} ({self.group.value})>"
+
+
+_REGISTRY: dict[str, Operation] = {}
+
+
+def register_op(cls: type[Operation]) -> type[Operation]:
+    """Class decorator: register one instance of an operation under `cls.name`.
+
+    A second registration of the same name is an error, never a silent replacement.
+    """
+    name = getattr(cls, "name", None)
+    if not name or not isinstance(name, str):
+        raise EinspaceError(f"{cls.__name__} must set a string `name` to be registered")
+    if name in _REGISTRY:
+        raise EinspaceError(f"an operation named {name!r} is already registered ({_REGISTRY[name]!r})")
+    if not isinstance(getattr(cls, "group", None), Group):
+        raise EinspaceError(f"operation {name!r} must set `group` to a Group")
+    _REGISTRY[name] = cls()
+    return cls
+
+
+def unregister_op(name: str) -> None:
+    """Remove a registered operation (for user code and tests that register temporary ones)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_op(name: str) -> Operation:
+    """The registered operation called `name`; an unknown name suggests close matches."""
+    _load_builtin_ops()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise UnknownOperationError(f"unknown operation {name!r}{hint}") from None
+
+
+def has_op(name: str) -> bool:
+    _load_builtin_ops()
+    return name in _REGISTRY
+
+
+def list_ops(pattern: str = "*") -> list[str]:
+    """Names of registered operations matching a shell-style pattern, sorted."""
+    _load_builtin_ops()
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+
+
+def canonical_args(op: Operation, given: Mapping[str, Any]) -> Args:
+    """Check argument names, types and values against `op` and order them as it declares.
+
+    Raises EinspaceError with a message that names the argument; callers add the location.
+    """
+    declared = {a.name: a for a in op.arguments}
+    for name in given:
+        if name not in declared:
+            expected = ", ".join(declared) or "no arguments"
+            raise EinspaceError(f"operation {op.name!r} has no argument {name!r} (it takes {expected})")
+    values = []
+    for arg in op.arguments:
+        if arg.name not in given:
+            raise EinspaceError(f"operation {op.name!r} needs argument {arg.name!r}")
+        value = given[arg.name]
+        if arg.kind is int and isinstance(value, bool) or not isinstance(value, arg.kind):
+            raise EinspaceError(
+                f"argument {arg.name!r} of {op.name!r} must be {arg.kind.__name__}, got {value!r}"
+            )
+        problem = arg.check(value)
+        if problem:
+            raise EinspaceError(f"argument {arg.name!r} of {op.name!r} = {value!r}: {problem}")
+        values.append((arg.name, value))
+    return tuple(values)
+
+
+_builtins_loaded = False
+
+
+def _load_builtin_ops() -> None:
+    """Import the modules that register the built-in operations (once)."""
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        import einspace.ops.core  # noqa: F401  (registers on import)
+
+
+def infeasible(reason: str) -> Infeasible:
+    """Shorthand used by operations: `raise infeasible("kernel 16 larger than 8x8 input")`."""
+    return Infeasible(reason)

@@ -1,0 +1,359 @@
+"""Top-down, attribute-checked sampling of derivation trees with chronological backtracking.
+
+Each symbol is expanded left to right carrying the signal (the features' attributes). An
+alternative is drawn with its probability among those not yet tried; an operation's
+arguments are drawn uniformly among the grid points not yet tried. Alternatives whose guard,
+shapes, depth, size or parameter budget rule them out are skipped, which renormalises the
+probabilities over the feasible ones. When a later item finds no feasible option, the latest
+untried decision is revisited (the sampler is a lazy depth-first search written with
+generators; see `_COMPLETIONS_PER_CHOICE`), so a sample never fails a forward pass.
+
+The search is bounded by a step budget per attempt; an attempt that exhausts it is restarted
+with the random stream where it stands, and after `max_attempts` the sampler gives up with a
+message. Nothing waits on a clock and nothing runs a network.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from einspace.errors import EinspaceError, Infeasible, SamplingError
+from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, RepeatItem, SymbolItem
+from einspace.ops.registry import get_op
+from einspace.state import FeatureState, Signal, describe
+from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal
+
+_INF = float("inf")
+
+#: How many completed derivations a symbol with a choice offers before giving up. With 1, a
+#: failure downstream never reopens a finished subtree: it revisits the latest untried
+#: argument choice of an operation in the same alternative, else the enclosing symbol's next
+#: alternative. Reopening finished subtrees (chronological backtracking into their deepest
+#: choices) thrashes: measured 10x fewer nodes per second on the paper's grammar.
+_COMPLETIONS_PER_CHOICE = 1
+
+#: What a derivation yields: the subtree, the signal after it, its node count and parameters.
+Derivation = tuple[Node, Signal, int, int]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on sampled trees. Depth counts non-terminal levels; nodes count terminals and
+    non-terminals; the parameter budget uses the operations' analytic counts."""
+
+    max_depth: int = 40
+    max_nodes: int = 2000
+    min_depth: int = 0
+    max_params: int | None = None
+    max_steps: int = 20_000
+    max_attempts: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("max_depth", "max_nodes", "max_steps", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise EinspaceError(f"limit {name} must be at least 1, got {getattr(self, name)}")
+        if self.min_depth > self.max_depth:
+            raise EinspaceError(f"min_depth {self.min_depth} exceeds max_depth {self.max_depth}")
+        if self.max_params is not None and self.max_params < 0:
+            raise EinspaceError(f"max_params must be non-negative, got {self.max_params}")
+
+
+class _OutOfSteps(Exception):
+    """Internal: the current attempt used up its step budget."""
+
+
+@dataclass(frozen=True)
+class _Alt:
+    """An alternative prepared for sampling: items with their minimum sizes and heights."""
+
+    probability: float
+    items: tuple[Item, ...]
+    min_nodes: int
+    min_height: int
+    reserve: tuple[int, ...]  # reserve[k]: minimum nodes the items after k still need
+
+
+class Sampler:
+    """Samples derivation trees from a grammar for a given input; reproducible by random seed.
+
+    >>> sampler = Sampler(load_grammar("grammars/einspace.pcfg"), input_state((3, 32, 32)), random_seed=0)
+    >>> tree = sampler.sample()
+    """
+
+    def __init__(
+        self,
+        grammar: Grammar,
+        input: FeatureState | Signal,
+        limits: Limits | None = None,
+        random_seed: int | None = None,
+        rng: random.Random | None = None,
+    ):
+        self.grammar = grammar
+        self.input: Signal = (input,) if isinstance(input, FeatureState) else tuple(input)
+        self.limits = limits or Limits()
+        self.rng = rng if rng is not None else random.Random(random_seed)
+        self._min_nodes, self._min_height = _minimum_sizes(grammar)
+        self._alts = {
+            (sym, id(rule)): tuple(self._prepare(alt.items, alt.probability) for alt in rule.alternatives)
+            for sym in grammar.nonterminals
+            for rule in grammar.rules_for(sym)
+        }
+        self._rules: dict[tuple[str, Signal], object] = {}
+        self._infer: dict[tuple[str, tuple, Signal], tuple[Signal, int] | None] = {}
+        self._steps = 0
+
+    # ------------------------------------------------------------------ public API
+
+    def sample(self) -> Node:
+        """A tree for the whole input, or SamplingError after the attempts run out."""
+        tree = self._search(
+            lambda: self._symbol(
+                self.grammar.start,
+                self.input,
+                self.limits.max_depth,
+                self.limits.max_nodes,
+                self._param_budget(),
+            ),
+            accept=lambda d: len(d[1]) == 1 and _depth(d[0]) >= self.limits.min_depth,
+            what=f"a tree of {self.grammar.start} for input {describe(self.input)}",
+        )
+        return tree[0]
+
+    def derivations(
+        self, symbol: str, signal: Signal, max_depth: int, max_nodes: int, max_params: float = _INF
+    ) -> Iterator[Derivation]:
+        """Derivations of `symbol` at `signal`, lazily, in sampling order (for mutation).
+
+        The caller stops at the first it likes. The iteration ends quietly when the step
+        budget (`limits.max_steps`) runs out.
+        """
+        self._steps = 0
+        try:
+            yield from self._symbol(symbol, signal, max_depth, max_nodes, max_params)
+        except _OutOfSteps:
+            return
+
+    # ------------------------------------------------------------------ search driver
+
+    def _search(self, start, accept, what: str) -> Derivation:
+        limits = self.limits
+        exhausted = 0
+        for _ in range(limits.max_attempts):
+            self._steps = 0
+            try:
+                for derivation in start():
+                    if accept(derivation):
+                        return derivation
+                    self._step()
+            except _OutOfSteps:
+                exhausted += 1
+                continue
+            except RecursionError:
+                raise SamplingError(f"{what}: trees too deep for Python; lower max_depth") from None
+            raise SamplingError(
+                f"no derivation of {what} exists within max_depth={limits.max_depth}, "
+                f"max_nodes={limits.max_nodes}, min_depth={limits.min_depth}, max_params={limits.max_params}"
+            )
+        raise SamplingError(
+            f"could not find {what} in {limits.max_attempts} attempts of {limits.max_steps} steps "
+            f"({exhausted} ran out of steps); loosen the limits or raise max_steps"
+        )
+
+    def _step(self) -> None:
+        self._steps += 1
+        if self._steps > self.limits.max_steps:
+            raise _OutOfSteps
+
+    def _param_budget(self) -> float:
+        return _INF if self.limits.max_params is None else self.limits.max_params
+
+    # ------------------------------------------------------------------ expansion
+
+    def _symbol(
+        self, name: str, signal: Signal, depth: int, nodes: int, params: float
+    ) -> Iterator[Derivation]:
+        if self._min_height[name] > depth or self._min_nodes[name] > nodes:
+            return
+        key = (name, signal)
+        rule = self._rules.get(key)
+        if rule is None:
+            rule = self._rules[key] = self.grammar.rule_for(name, signal) or False
+        if rule is False:
+            return
+        self._step()
+        alts = [a for a in self._alts[(name, id(rule))] if a.min_height < depth and a.min_nodes < nodes]
+        rng = self.rng
+        offered = 0
+        cap = _COMPLETIONS_PER_CHOICE if len(alts) > 1 else _INF
+        while alts:
+            total = sum(a.probability for a in alts)
+            r = rng.random() * total
+            index = len(alts) - 1
+            for i, a in enumerate(alts):
+                r -= a.probability
+                if r < 0:
+                    index = i
+                    break
+            alt = alts.pop(index)
+            for kids, out, n, p in self._items(alt, 0, signal, depth - 1, nodes - 1, params):
+                yield Nonterminal(name, kids), out, n + 1, p
+                offered += 1
+                if offered >= cap:
+                    return
+
+    def _items(
+        self, alt: _Alt, k: int, signal: Signal, depth: int, nodes: int, params: float
+    ) -> Iterator[tuple[tuple[Node, ...], Signal, int, int]]:
+        if k == len(alt.items):
+            yield (), signal, 0, 0
+            return
+        budget = nodes - alt.reserve[k]
+        for child, out, n, p in self._item(alt.items[k], signal, depth, budget, params):
+            for rest, final, n2, p2 in self._items(alt, k + 1, out, depth, nodes - n, params - p):
+                yield (child, *rest), final, n + n2, p + p2
+
+    def _item(
+        self, item: Item, signal: Signal, depth: int, nodes: int, params: float
+    ) -> Iterator[Derivation]:
+        if isinstance(item, SymbolItem):
+            return self._symbol(item.name, signal, depth, nodes, params)
+        if isinstance(item, OpItem):
+            return self._op(item, signal, nodes, params)
+        if isinstance(item, ParallelItem):
+            return self._parallel(item, signal, depth, nodes, params)
+        return self._repeat(item, signal, depth, nodes, params)
+
+    def _op(self, item: OpItem, signal: Signal, nodes: int, params: float) -> Iterator[Derivation]:
+        if nodes < 1:
+            return
+        choices = list(item.choices)
+        rng = self.rng
+        while choices:
+            self._step()
+            args = choices.pop(rng.randrange(len(choices))) if len(choices) > 1 else choices.pop()
+            result = self._apply(item.name, args, signal)
+            if result is not None and result[1] <= params:
+                yield Terminal(item.name, args), result[0], 1, result[1]
+
+    def _apply(self, op_name: str, args: tuple, signal: Signal) -> tuple[Signal, int] | None:
+        """Output signal and parameter count of an operation, or None if infeasible (memoised)."""
+        key = (op_name, args, signal)
+        try:
+            return self._infer[key]
+        except KeyError:
+            pass
+        op = get_op(op_name)
+        kwargs = dict(args)
+        try:
+            result = (op.infer(signal, kwargs), op.param_count(signal, kwargs))
+        except Infeasible:
+            result = None
+        self._infer[key] = result
+        return result
+
+    def _parallel(self, item: ParallelItem, signal: Signal, depth: int, nodes: int, params: float):
+        if len(signal) != len(item.items):
+            return
+        reserve = [
+            sum(_item_min_nodes(i, self._min_nodes) for i in item.items[k + 1 :])
+            for k in range(len(item.items))
+        ]
+
+        def branches(k: int, nodes: int, params: float):
+            if k == len(item.items):
+                yield (), (), 0, 0
+                return
+            for child, out, n, p in self._item(
+                item.items[k], signal[k : k + 1], depth, nodes - reserve[k], params
+            ):
+                if len(out) != 1:
+                    continue
+                for rest, outs, n2, p2 in branches(k + 1, nodes - n, params - p):
+                    yield (child, *rest), out + outs, n + n2, p + p2
+
+        for kids, out, n, p in branches(0, nodes, params):
+            yield Parallel(kids), out, n, p
+
+    def _repeat(self, item: RepeatItem, signal: Signal, depth: int, nodes: int, params: float):
+        times = len(signal) if item.times is None else item.times
+        if len(signal) != times or times < 1 or any(s != signal[0] for s in signal):
+            return
+        for child, out, n, p in self._item(item.item, signal[:1], depth, nodes, params / times):
+            if len(out) == 1:
+                yield Repeat(child, times), out * times, n, p * times
+
+    # ------------------------------------------------------------------ preparation
+
+    def _prepare(self, items: tuple[Item, ...], probability: float) -> _Alt:
+        sizes = [_item_min_nodes(i, self._min_nodes) for i in items]
+        heights = [_item_min_height(i, self._min_height) for i in items]
+        reserve = tuple(sum(sizes[k + 1 :]) for k in range(len(items)))
+        return _Alt(probability, items, sum(sizes), max(heights, default=0), reserve)
+
+
+def _item_min_nodes(item: Item, symbol: dict[str, float]) -> float:
+    if isinstance(item, SymbolItem):
+        return symbol[item.name]
+    if isinstance(item, OpItem):
+        return 1
+    if isinstance(item, ParallelItem):
+        return sum(_item_min_nodes(i, symbol) for i in item.items)
+    return _item_min_nodes(item.item, symbol)
+
+
+def _item_min_height(item: Item, symbol: dict[str, float]) -> float:
+    if isinstance(item, SymbolItem):
+        return symbol[item.name]
+    if isinstance(item, OpItem):
+        return 0
+    if isinstance(item, ParallelItem):
+        return max(_item_min_height(i, symbol) for i in item.items)
+    return _item_min_height(item.item, symbol)
+
+
+def _minimum_sizes(grammar: Grammar) -> tuple[dict[str, float], dict[str, float]]:
+    """Fewest nodes and fewest non-terminal levels each symbol can derive, ignoring guards
+    and shapes (a lower bound, so pruning on it never removes a feasible option)."""
+    nodes = {s: _INF for s in grammar.nonterminals}
+    height = {s: _INF for s in grammar.nonterminals}
+    changed = True
+    while changed:
+        changed = False
+        for rule in grammar.rules:
+            for alt in rule.alternatives:
+                n = 1 + sum(_item_min_nodes(i, nodes) for i in alt.items)
+                h = 1 + max((_item_min_height(i, height) for i in alt.items), default=0)
+                if n < nodes[rule.symbol]:
+                    nodes[rule.symbol], changed = n, True
+                if h < height[rule.symbol]:
+                    height[rule.symbol], changed = h, True
+    return nodes, height
+
+
+def _depth(root: Node) -> int:
+    """Non-terminal levels of a tree (parallel and repeat groupings are transparent)."""
+    deepest = 0
+    stack: list[tuple[Node, int]] = [(root, 0)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, Nonterminal):
+            level += 1
+            deepest = max(deepest, level)
+            stack.extend((c, level) for c in node.children)
+        elif isinstance(node, Parallel):
+            stack.extend((c, level) for c in node.children)
+        elif isinstance(node, Repeat):
+            stack.append((node.child, level))
+    return deepest
+
+
+def sample_tree(
+    grammar: Grammar,
+    input: FeatureState | Signal,
+    random_seed: int | None = None,
+    limits: Limits | None = None,
+) -> Node:
+    """One tree: the convenience form of `Sampler(...).sample()`."""
+    return Sampler(grammar, input, limits, random_seed).sample()

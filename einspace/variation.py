@@ -1,0 +1,125 @@
+"""Mutation (paper Sec. 4.1) and crossover: new valid trees from old ones."""
+
+from __future__ import annotations
+
+import random
+
+from einspace.checker import CheckedTree, check_tree, statistics
+from einspace.errors import TreeError, VariationError
+from einspace.grammar.model import Grammar
+from einspace.sampler import Limits, Sampler
+from einspace.state import FeatureState, Signal
+from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, children, node_at, replace_at, walk
+
+
+def limit_violation(checked: CheckedTree, limits: Limits) -> str | None:
+    """Which limit a checked tree breaks, if any (mutation and crossover keep trees within them)."""
+    stats = statistics(checked)
+    nodes = int(stats["terminals"]) + int(stats["nonterminals"])
+    if int(stats["depth"]) > limits.max_depth:
+        return f"depth {stats['depth']} > max_depth {limits.max_depth}"
+    if nodes > limits.max_nodes:
+        return f"{nodes} nodes > max_nodes {limits.max_nodes}"
+    if limits.max_params is not None and checked.params > limits.max_params:
+        return f"{checked.params} parameters > max_params {limits.max_params}"
+    return None
+
+
+def _levels_and_sizes(tree: Node) -> tuple[dict[Path_, int], dict[Path_, int]]:
+    """Per node: the non-terminal levels above it, and the counted nodes in its subtree."""
+    by_path: dict[Path_, Node] = {}
+    levels: dict[Path_, int] = {}
+    for path, node in walk(tree):  # pre-order: a parent comes before its children
+        by_path[path] = node
+        levels[path] = levels[path[:-1]] + isinstance(by_path[path[:-1]], Nonterminal) if path else 0
+    sizes: dict[Path_, int] = {}
+    for path in reversed(list(by_path)):
+        node = by_path[path]
+        own = 0 if isinstance(node, (Parallel, Repeat)) else 1
+        sizes[path] = own + sum(sizes[(*path, i)] for i in range(len(children(node))))
+    return levels, sizes
+
+
+class Variation:
+    """Mutation and crossover for one grammar and input, within `limits`, from one random stream.
+
+    Both only ever return trees that check against the grammar and input and stay within the
+    limits; neither returns a tree identical to its (first) parent.
+    """
+
+    def __init__(
+        self,
+        grammar: Grammar,
+        input: FeatureState | Signal,
+        limits: Limits | None = None,
+        rng: random.Random | None = None,
+        max_tries: int = 50,
+    ):
+        self.grammar = grammar
+        self.input = input
+        self.limits = limits or Limits()
+        self.rng = rng or random.Random()
+        self.max_tries = max_tries
+        self.sampler = Sampler(grammar, input, self.limits, rng=self.rng)
+
+    def _valid(self, tree: Node) -> CheckedTree | None:
+        try:
+            checked = check_tree(tree, self.grammar, self.input)
+        except TreeError:
+            return None
+        return None if limit_violation(checked, self.limits) else checked
+
+    def mutate(self, tree: Node) -> Node:
+        """Pick a non-terminal uniformly (root included) and derive its subtree anew from its
+        inherited signal; downstream nodes are re-checked, and a derivation that breaks them is
+        skipped in favour of the sampler's next one (backtracking, not blind retries)."""
+        checked = check_tree(tree, self.grammar, self.input)
+        levels, sizes = _levels_and_sizes(tree)
+        total = sizes[()]
+        candidates = [path for path, node in walk(tree) if isinstance(node, Nonterminal)]
+        limits = self.limits
+        for _ in range(self.max_tries):
+            path = self.rng.choice(candidates)
+            facts = checked.facts[path]
+            old = node_at(tree, path)
+            assert isinstance(old, Nonterminal)
+            params = float("inf")
+            if limits.max_params is not None:
+                params = (limits.max_params - checked.params + facts.params * facts.copies) / facts.copies
+            derivations = self.sampler.derivations(
+                old.symbol,
+                facts.input,
+                limits.max_depth - levels[path],
+                limits.max_nodes - total + sizes[path],
+                params,
+            )
+            for new, _, _, _ in derivations:
+                if new == old:
+                    continue
+                child = replace_at(tree, path, new)
+                if self._valid(child) is not None:
+                    return child
+        raise VariationError(f"no valid mutation found in {self.max_tries} tries; the tree may be minimal")
+
+    def crossover(self, a: Node, b: Node) -> Node:
+        """`a` with one of its subtrees replaced by a subtree of `b` that has the same symbol and
+        the same signals in and out, so the result derives and fits by construction."""
+        checked_a = check_tree(a, self.grammar, self.input)
+        checked_b = check_tree(b, self.grammar, self.input)
+        donors: dict[tuple, list[Node]] = {}
+        for path, node in walk(b):
+            if isinstance(node, Nonterminal):
+                facts = checked_b.facts[path]
+                donors.setdefault((node.symbol, facts.input, facts.output), []).append(node)
+        sites = [path for path, node in walk(a) if isinstance(node, Nonterminal)]
+        self.rng.shuffle(sites)
+        for path in sites:
+            node = node_at(a, path)
+            facts = checked_a.facts[path]
+            options = [d for d in donors.get((node.symbol, facts.input, facts.output), ()) if d != node]
+            self.rng.shuffle(options)
+            for donor in options[: self.max_tries]:
+                child = replace_at(a, path, donor)
+                if self._valid(child) is not None:
+                    return child
+        raise VariationError("the parents share no exchangeable subtrees (same symbol and signals)")

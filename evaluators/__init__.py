@@ -1,0 +1,1 @@
+"""Evaluators that turn a tree into a fitness: training, zero-cost proxies, datasets, budgets."""

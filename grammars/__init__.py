@@ -1,0 +1,1 @@
+"""Bundled grammar files (`einspace.pcfg` is the paper's space) and seed trees."""

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up, lint, then run the default test suite (slow and GPU tests are excluded by default).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -q "$@"
