@@ -133,8 +133,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _outline(checked: CheckedTree) -> str:
-    """One line per node: indentation by depth, the node, the signal it produces, its parameters."""
-    rows: list[tuple[str, str, str]] = []
+    """One line per node: indentation by depth, the node, the signal it produces, its parameters
+    and FLOPs (for the subtree, once; a repeat's line counts all its copies)."""
+    rows: list[tuple[str, ...]] = []
     for path, node in walk(checked.tree):
         facts = checked.facts[path]
         pad = "  " * len(path)
@@ -147,12 +148,15 @@ def _outline(checked: CheckedTree) -> str:
         else:
             assert isinstance(node, Repeat)
             label = f"[repeat x{node.times}, separate weights]"
-        params = f"{facts.params:,}" if facts.params else ""
-        rows.append((pad + label, describe(facts.output), params))
-    width = max(len(r[0]) for r in rows) + 2
-    out_width = max(len(r[1]) for r in rows) + 2
-    header = f"{'node':<{width}}{'output':<{out_width}}params"
-    return "\n".join([header] + [f"{a:<{width}}{b:<{out_width}}{c}" for a, b, c in rows])
+        rows.append((pad + label, describe(facts.output), f"{facts.params:,}", f"{facts.flops:,}"))
+    widths = [max(len(r[i]) for r in rows + [_HEADER]) for i in range(4)]
+    return "\n".join(
+        f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}"
+        for r in [_HEADER, *rows]
+    )
+
+
+_HEADER = ("node", "output", "params", "FLOPs")
 
 
 def cmd_ops(args: argparse.Namespace) -> int:

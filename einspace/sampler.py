@@ -117,7 +117,7 @@ class Sampler:
                 self._param_budget(),
             ),
             accept=lambda d: len(d[1]) == 1 and _depth(d[0]) >= self.limits.min_depth,
-            what=f"a tree of {self.grammar.start} for input {describe(self.input)}",
+            what=f"tree of {self.grammar.start} for input {describe(self.input)}",
         )
         return tree[0]
 
@@ -138,8 +138,11 @@ class Sampler:
     # ------------------------------------------------------------------ search driver
 
     def _search(self, start, accept, what: str) -> Derivation:
+        """Run attempts until one yields an accepted derivation. An attempt ends in a dead end
+        (every option tried, see `_COMPLETIONS_PER_CHOICE`) or by running out of steps; both
+        restart with the random stream where it stands, which changes the choices."""
         limits = self.limits
-        exhausted = 0
+        out_of_steps = 0
         for _ in range(limits.max_attempts):
             self._steps = 0
             try:
@@ -148,17 +151,15 @@ class Sampler:
                         return derivation
                     self._step()
             except _OutOfSteps:
-                exhausted += 1
-                continue
+                out_of_steps += 1
             except RecursionError:
                 raise SamplingError(f"{what}: trees too deep for Python; lower max_depth") from None
-            raise SamplingError(
-                f"no derivation of {what} exists within max_depth={limits.max_depth}, "
-                f"max_nodes={limits.max_nodes}, min_depth={limits.min_depth}, max_params={limits.max_params}"
-            )
+        dead_ends = limits.max_attempts - out_of_steps
         raise SamplingError(
-            f"could not find {what} in {limits.max_attempts} attempts of {limits.max_steps} steps "
-            f"({exhausted} ran out of steps); loosen the limits or raise max_steps"
+            f"found no {what} in {limits.max_attempts} attempts ({dead_ends} dead ends, {out_of_steps} ran "
+            f"out of {limits.max_steps} steps) within max_depth={limits.max_depth}, "
+            f"max_nodes={limits.max_nodes}, min_depth={limits.min_depth}, max_params={limits.max_params}; "
+            "the grammar may not fit this input, or the limits are too tight"
         )
 
     def _step(self) -> None:

@@ -43,9 +43,12 @@ def branching(signal: Signal) -> int:
 
 
 def describe(signal: Signal) -> str:
-    """Human-readable form of a signal, e.g. `im[3x32x32]` or `2 x (col[64x16], col[64x16])`."""
+    """Human-readable form of a signal: `im[3x32x32]`, `4 x col[64x16]` (equal branches) or
+    `2 x (col[64x16], col[64x32])`."""
     if len(signal) == 1:
         return str(signal[0])
+    if all(s == signal[0] for s in signal):
+        return f"{len(signal)} x {signal[0]}"
     return f"{len(signal)} x ({', '.join(str(s) for s in signal)})"
 
 

@@ -111,7 +111,8 @@ class Variation:
             if isinstance(node, Nonterminal):
                 facts = checked_b.facts[path]
                 donors.setdefault((node.symbol, facts.input, facts.output), []).append(node)
-        sites = [path for path, node in walk(a) if isinstance(node, Nonterminal)]
+        # The root is no site: exchanging it would just return `b`.
+        sites = [path for path, node in walk(a) if path and isinstance(node, Nonterminal)]
         self.rng.shuffle(sites)
         for path in sites:
             node = node_at(a, path)
