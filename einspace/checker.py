@@ -108,6 +108,16 @@ class _Checker:
         if not rules:
             known = ", ".join(self.grammar.nonterminals)
             raise self.fail(path, f"the grammar has no symbol {node.symbol!r} (it has {known})")
+        # A child the grammar cannot know is named at its own path, not as a mismatch here.
+        for i, child in enumerate(node.children):
+            if isinstance(child, Nonterminal) and not self.grammar.rules_for(child.symbol):
+                known = ", ".join(self.grammar.nonterminals)
+                raise self.fail((*path, i), f"the grammar has no symbol {child.symbol!r} (it has {known})")
+            if isinstance(child, Terminal):
+                try:
+                    get_op(child.op)
+                except EinspaceError as exc:
+                    raise self.fail((*path, i), str(exc)) from None
         rule = self.grammar.rule_for(node.symbol, signal)
         if rule is None:
             guards = "; ".join(" and ".join(map(str, r.guard)) for r in rules)

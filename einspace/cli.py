@@ -84,7 +84,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"{len(rules)} rules, {alternatives} alternatives"
     )
     analysis = analyse(grammar, mode=args.mode)
-    print(format_analysis(analysis))
+    print(format_analysis(analysis, contexts=args.contexts))
     if not analysis.consistent and not args.allow_inconsistent:
         print(
             "refused: the grammar is inconsistent (spectral radius >= 1): sampling may never end. "
@@ -126,6 +126,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     state = parse_input(args.input, args.mode)
     tree = load_tree(args.tree)
     checked = check_tree(tree, grammar, state)
+    if args.dot:
+        from einspace.render import to_dot
+
+        print(to_dot(tree, Path(args.tree).stem))
+        return 0
     print(f"# {args.tree}  hash {content_hash(tree)}")
     print(f"# {_stats_line(checked)}")
     print(_outline(checked))
@@ -176,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("grammar", help="grammar file, or a bundled name such as 'einspace'")
     check.add_argument("--mode", choices=("im", "col"), default="im", help="input mode for the analysis")
     check.add_argument("--allow-inconsistent", action="store_true", help="exit 0 even if rho >= 1")
+    check.add_argument("--contexts", action="store_true",
+                       help="also print the expectation matrix per (symbol, mode, b) context")
     check.set_defaults(run=cmd_check)
 
     sample = sub.add_parser("sample", help="sample derivation trees and print them with statistics")
@@ -192,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("tree", help="a tree file (bracket form)")
     _add_input(show)
     show.add_argument("--grammar", default="einspace", help="grammar to check the tree against")
+    show.add_argument(
+        "--dot",
+        action="store_true",
+        help="print a Graphviz picture instead (coloured by operation group, as in the paper)",
+    )
     show.set_defaults(run=cmd_show)
 
     ops = sub.add_parser("ops", help="list the registered operations")

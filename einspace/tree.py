@@ -126,7 +126,7 @@ def _format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
-        return "(" + ",".join(str(v) for v in value) + ")"
+        return "(" + ",".join(_format_value(v) for v in value) + ")"
     return str(value) if not isinstance(value, float) else repr(value)
 
 
@@ -224,8 +224,8 @@ class _ToTree(Transformer):
     def word(self, token):
         return str(token)
 
-    def tuple(self, *tokens):
-        return tuple(int(t) for t in tokens)
+    def tuple(self, *values):
+        return tuple(values)
 
 
 @cache
@@ -281,7 +281,7 @@ def load_tree(path: str | Path) -> Node:
 def to_json(root: Node) -> Any:
     """A JSON-able nested form: {"symbol", "children"}, {"op", "args"}, {"parallel"}, {"repeat", "times"}."""
     if isinstance(root, Terminal):
-        return {"op": root.op, "args": {k: list(v) if isinstance(v, tuple) else v for k, v in root.args}}
+        return {"op": root.op, "args": {k: _json_value(v) for k, v in root.args}}
     if isinstance(root, Nonterminal):
         return {"symbol": root.symbol, "children": [to_json(c) for c in root.children]}
     if isinstance(root, Parallel):
@@ -293,7 +293,7 @@ def from_json(data: Any) -> Node:
     """Inverse of `to_json`."""
     try:
         if "op" in data:
-            args = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in data.get("args", {}).items())
+            args = tuple((k, _tree_value(v)) for k, v in data.get("args", {}).items())
             return Terminal(data["op"], args)
         if "symbol" in data:
             return Nonterminal(data["symbol"], tuple(from_json(c) for c in data["children"]))
@@ -302,6 +302,14 @@ def from_json(data: Any) -> Node:
         return Repeat(from_json(data["repeat"]), int(data["times"]))
     except (KeyError, TypeError, AttributeError) as exc:
         raise EinspaceError(f"not a derivation tree in JSON form: {exc!r} in {str(data)[:80]}") from None
+
+
+def _json_value(value: Any) -> Any:
+    return [_json_value(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tree_value(value: Any) -> Any:
+    return tuple(_tree_value(v) for v in value) if isinstance(value, list) else value
 
 
 def dumps_json(root: Node) -> str:

@@ -230,12 +230,13 @@ def test_matrix_row_sums_are_expected_children():
 def test_format_reports_rho_and_warns_when_inconsistent():
     good, bad = format_analysis(analyse(branching(0.5))), format_analysis(analyse(binary(0.7)))
     assert "rho = " in good and "Consistent: yes" in good and "WARNING" not in good
-    assert "Br@im,b=4" in good and "Expected terminal nodes" in good
+    assert "Br@im,b=4" not in good and "Expected terminal nodes" in good
+    assert "Br@im,b=4" in format_analysis(analyse(branching(0.5)), contexts=True)
     assert "Consistent: NO" in bad and "WARNING" in bad and "1.4000" in bad
 
 
 def test_format_caps_rows():
-    text = format_analysis(analyse(branching(0.5)), max_rows=3)
+    text = format_analysis(analyse(branching(0.5)), max_rows=3, contexts=True)
     assert "... 5 more" in text
 
 

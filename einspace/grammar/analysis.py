@@ -310,8 +310,9 @@ def critical_probability(
     return (lo + hi) / 2
 
 
-def format_analysis(a: GrammarAnalysis, max_rows: int = 40) -> str:
-    """A report for `einspace check`: the paper-style matrix by symbol, then each context's children."""
+def format_analysis(a: GrammarAnalysis, max_rows: int = 40, contexts: bool = False) -> str:
+    """A report for `einspace check`: the paper-style matrix by symbol, then (with `contexts`)
+    each (symbol, context) pair's children."""
     lines = [f"Consistency (paper App. A.4): start {a.start}, input mode {a.mode}"]
     if not a.derivable and not a.infinite:
         lines.append(f"WARNING: {a.start} cannot be derived from a {a.mode} input (no feasible choice)")
@@ -321,8 +322,9 @@ def format_analysis(a: GrammarAnalysis, max_rows: int = 40) -> str:
     lines.append(" " * (width + 2) + " ".join(f"{s:>{width}}" for s in syms))
     for sym, row in zip(syms, a.symbol_matrix, strict=False):
         lines.append(f"  {sym:<{width}}" + " ".join(f"{v:>{width}.3f}" for v in row[: len(syms)]))
-    lines.append(f"By context ({len(a.labels)} (symbol, context) pairs; children of one expansion):")
-    names = [label_text(label) for label in a.labels]
+    names = [label_text(label) for label in a.labels] if contexts else []
+    if contexts:
+        lines.append(f"By context ({len(a.labels)} (symbol, context) pairs; children of one expansion):")
     pad = max(len(t) for t in names[:max_rows]) if names else 0
     for i, name in enumerate(names[:max_rows]):
         parts = [f"{names[j]} {a.matrix[i, j]:.3f}" for j in np.flatnonzero(a.matrix[i])]
