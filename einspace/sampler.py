@@ -294,24 +294,24 @@ class Sampler:
         return _Alt(probability, items, sum(sizes), max(heights, default=0), reserve)
 
 
-def _item_min_nodes(item: Item, symbol: dict[str, float]) -> float:
+def _item_minimum(item: Item, symbol: dict[str, float], op: int, combine) -> float:
+    """The least of a measure an item can have, given each symbol's: nodes (op 1, parallel
+    branches summed) or non-terminal height (op 0, parallel branches by their maximum)."""
     if isinstance(item, SymbolItem):
         return symbol[item.name]
     if isinstance(item, OpItem):
-        return 1
+        return op
     if isinstance(item, ParallelItem):
-        return sum(_item_min_nodes(i, symbol) for i in item.items)
-    return _item_min_nodes(item.item, symbol)
+        return combine(_item_minimum(i, symbol, op, combine) for i in item.items)
+    return _item_minimum(item.item, symbol, op, combine)
+
+
+def _item_min_nodes(item: Item, symbol: dict[str, float]) -> float:
+    return _item_minimum(item, symbol, 1, sum)
 
 
 def _item_min_height(item: Item, symbol: dict[str, float]) -> float:
-    if isinstance(item, SymbolItem):
-        return symbol[item.name]
-    if isinstance(item, OpItem):
-        return 0
-    if isinstance(item, ParallelItem):
-        return max(_item_min_height(i, symbol) for i in item.items)
-    return _item_min_height(item.item, symbol)
+    return _item_minimum(item, symbol, 0, max)
 
 
 def _minimum_sizes(grammar: Grammar) -> tuple[dict[str, float], dict[str, float]]:
