@@ -17,7 +17,17 @@ from einspace.grammar.model import (
 )
 from einspace.ops.registry import Group, get_op
 from einspace.state import FeatureState, Signal, describe
-from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal, describe_path, walk
+from einspace.tree import (
+    Node,
+    Nonterminal,
+    Parallel,
+    Path_,
+    Repeat,
+    Terminal,
+    describe_path,
+    format_terminal,
+    walk,
+)
 
 
 @dataclass(frozen=True)
@@ -125,12 +135,38 @@ class _Checker:
                 path, f"no rule for {node.symbol} applies to {describe(signal)} (guards: {guards})"
             )
         if not any(_matches(alt, node.children) for alt in rule.alternatives):
+            for alt in rule.alternatives:
+                off_grid = _off_grid(alt, node.children)
+                if off_grid is not None:
+                    i, message = off_grid
+                    raise self.fail((*path, i), message)
             options = " | ".join(format_alternative(a) for a in rule.alternatives)
             raise self.fail(path, f"{node.symbol} cannot derive these children here; its rule is {options}")
 
 
 def _matches(alternative: Alternative, kids: tuple[Node, ...]) -> bool:
     return len(alternative.items) == len(kids) and all(map(_item_matches, alternative.items, kids))
+
+
+def _off_grid(alternative: Alternative, kids: tuple[Node, ...]) -> tuple[int, str] | None:
+    """When `kids` would match `alternative` but for one operation's arguments, say which child
+    and what the grammar allows there (a clearer message than "no alternative matches")."""
+    if len(alternative.items) != len(kids):
+        return None
+    misses = [
+        i
+        for i, (item, kid) in enumerate(zip(alternative.items, kids, strict=True))
+        if not _item_matches(item, kid)
+    ]
+    if len(misses) != 1:
+        return None
+    i = misses[0]
+    item, kid = alternative.items[i], kids[i]
+    if not (isinstance(item, OpItem) and isinstance(kid, Terminal) and kid.op == item.name):
+        return None
+    allowed = ", ".join(format_terminal(Terminal(item.name, c)) for c in item.choices[:12])
+    more = f", ... ({len(item.choices)} in all)" if len(item.choices) > 12 else ""
+    return i, f"{format_terminal(kid)} is not in the grammar's grid here; it allows {allowed}{more}"
 
 
 def _item_matches(item: Item, node: Node) -> bool:

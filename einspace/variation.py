@@ -7,7 +7,7 @@ import random
 from einspace.checker import CheckedTree, check_tree, statistics
 from einspace.errors import TreeError, VariationError
 from einspace.grammar.model import Grammar
-from einspace.sampler import Limits, Sampler
+from einspace.sampler import Limits, Sampler, cyclic_gc_paused
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, children, node_at, replace_at, walk
 
@@ -73,6 +73,10 @@ class Variation:
         """Pick a non-terminal uniformly (root included) and derive its subtree anew from its
         inherited signal; downstream nodes are re-checked, and a derivation that breaks them is
         skipped in favour of the sampler's next one (backtracking, not blind retries)."""
+        with cyclic_gc_paused():
+            return self._mutate(tree)
+
+    def _mutate(self, tree: Node) -> Node:
         checked = check_tree(tree, self.grammar, self.input)
         levels, sizes = _levels_and_sizes(tree)
         total = sizes[()]
