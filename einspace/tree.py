@@ -259,6 +259,7 @@ _TOKEN_WORDS = {
     "EQUAL": "'='",
     "SYMBOL": "a symbol",
     "NAME": "a name",
+    "CALL_NAME": "an operation call",
     "INT": "an integer",
     "FLOAT": "a number",
     "$END": "end of text",

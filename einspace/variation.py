@@ -107,24 +107,31 @@ class Variation:
 
     def crossover(self, a: Node, b: Node) -> Node:
         """`a` with one of its subtrees replaced by a subtree of `b` that has the same symbol and
-        the same signals in and out, so the result derives and fits by construction."""
+        receives the same signal; as in `mutate`, the nodes after it are re-checked, and a donor
+        that breaks them is passed over."""
+        with cyclic_gc_paused():
+            return self._crossover(a, b)
+
+    def _crossover(self, a: Node, b: Node) -> Node:
         checked_a = check_tree(a, self.grammar, self.input)
         checked_b = check_tree(b, self.grammar, self.input)
         donors: dict[tuple, list[Node]] = {}
         for path, node in walk(b):
             if isinstance(node, Nonterminal):
-                facts = checked_b.facts[path]
-                donors.setdefault((node.symbol, facts.input, facts.output), []).append(node)
+                donors.setdefault((node.symbol, checked_b.facts[path].input), []).append(node)
         # The root is no site: exchanging it would just return `b`.
         sites = [path for path, node in walk(a) if path and isinstance(node, Nonterminal)]
         self.rng.shuffle(sites)
+        tries = 0
         for path in sites:
             node = node_at(a, path)
-            facts = checked_a.facts[path]
-            options = [d for d in donors.get((node.symbol, facts.input, facts.output), ()) if d != node]
+            options = [d for d in donors.get((node.symbol, checked_a.facts[path].input), ()) if d != node]
             self.rng.shuffle(options)
-            for donor in options[: self.max_tries]:
+            for donor in options:
                 child = replace_at(a, path, donor)
                 if self._valid(child) is not None:
                     return child
-        raise VariationError("the parents share no exchangeable subtrees (same symbol and signals)")
+                tries += 1
+                if tries >= self.max_tries:
+                    raise VariationError(f"no valid crossover found in {self.max_tries} tries")
+        raise VariationError("the parents share no exchangeable subtrees (same symbol and input signal)")

@@ -63,9 +63,9 @@ def test_crossover_exchanges_matching_subtrees(paper):
 
 def test_crossover_without_compatible_subtrees_says_so(paper):
     a = parse_tree("(S (M (C norm)) (M (C leaky_relu)))")
-    b = parse_tree("(S (M (C linear(d=16))) (M (C linear(d=32))))")
+    b = parse_tree("(S (R1 im2col(k=4, s=4, p=0)) (M (C norm)) (R2 identity))")
     variation = Variation(paper, IMAGE, rng=random.Random(0))
-    # b's subtrees change the channel count, a's keep it: nothing has the same signals.
+    # b's only modules work on col features, a's on im features: nothing receives the same signal.
     with pytest.raises(VariationError, match="no exchangeable subtrees"):
         variation.crossover(a, b)
 

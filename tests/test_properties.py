@@ -1,0 +1,515 @@
+"""Validity as a property: thousands of sampled, mutated and crossed-over trees check, round-trip,
+stay within their limits, and compile to networks whose real shapes and sizes are the analytic ones.
+
+Every test is derandomised (hypothesis draws the same seeds on every run), so CI is reproducible.
+Networks too big for a CPU forward are built and run on torch's `meta` device (shapes and
+parameter counts, no arithmetic); trees with too many module instances even for that (repeats
+multiply) have every distinct operation instance checked on `meta` instead. `hypothesis.event`
+records which tier each tree took (`pytest --hypothesis-show-statistics`), and
+`test_cpu_forward_covers_most_trees` makes sure the real forward pass is the common case.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import string
+import time
+from functools import cache
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from einspace import (
+    Limits,
+    Sampler,
+    Variation,
+    check_tree,
+    compile_network,
+    content_hash,
+    load_grammar,
+    parse_tree,
+    pretty,
+    statistics,
+    to_text,
+)
+from einspace.checker import CheckedTree
+from einspace.errors import SamplingError, VariationError
+from einspace.grammar import parse_grammar
+from einspace.ops.registry import Group, get_op
+from einspace.state import input_state
+from einspace.tree import (
+    Node,
+    Nonterminal,
+    Parallel,
+    Repeat,
+    Terminal,
+    dumps_json,
+    from_json,
+    node_at,
+    walk,
+)
+
+#: (grammar, input shape): images of several sizes, a non-square one, and token sequences
+#: (which the paper grammar also derives, through its col-mode rules).
+CASES = [
+    ("einspace", (3, 32, 32)),
+    ("einspace", (1, 24, 24)),
+    ("einspace", (3, 64, 64)),
+    ("einspace", (1, 64, 128)),
+    ("einspace", (64, 128)),
+    ("einspace_1d", (64, 128)),
+]
+CASE_IDS = [f"{g}-{'x'.join(map(str, s))}" for g, s in CASES]
+
+#: What runs a real forward pass on the CPU; bigger networks run on the meta device. FLOPs
+#: miss the cost of moving data (im2col, permute, concat cost none), hence the activations:
+#: the elements all operations output for one sample.
+CPU_FLOPS = 1e8
+CPU_PARAMS = 5e6
+CPU_MODULES = 300
+CPU_ACTIVATIONS = 2e6
+#: Above this many module instances, even a meta-device build is too slow: operations are
+#: then checked one distinct instance at a time.
+META_MODULES = 1500
+
+#: Limits for variation: tight enough to be binding, loose enough for a rich space.
+VARIATION_LIMITS = Limits(max_depth=16, max_nodes=200, max_params=2_000_000)
+
+SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
+
+
+def _settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+@cache
+def _grammar(name: str):
+    return load_grammar(name)
+
+
+def _case(case: tuple[str, tuple[int, ...]]):
+    name, shape = case
+    return _grammar(name), input_state(shape)
+
+
+def _sizes(checked: CheckedTree) -> tuple[int, int]:
+    """Depth and node count as the limits define them (statistics)."""
+    stats = statistics(checked)
+    return int(stats["depth"]), int(stats["terminals"]) + int(stats["nonterminals"])
+
+
+def _instances_and_activations(checked: CheckedTree) -> tuple[int, int]:
+    """The module instances a compiled network holds (each terminal once per enclosing repeat
+    copy), and the elements they output for one sample."""
+    instances = activations = 0
+    for path, node in walk(checked.tree):
+        if isinstance(node, Terminal):
+            facts = checked.facts[path]
+            instances += facts.copies
+            activations += facts.copies * sum(math.prod(s.shape) for s in facts.output)
+    return instances, activations
+
+
+def _assert_within(checked: CheckedTree, limits: Limits) -> None:
+    depth, nodes = _sizes(checked)
+    assert limits.min_depth <= depth <= limits.max_depth
+    assert nodes <= limits.max_nodes
+    if limits.max_params is not None:
+        assert checked.params <= limits.max_params
+
+
+def _assert_round_trips(tree: Node) -> None:
+    text = to_text(tree)
+    assert parse_tree(text) == tree
+    assert to_text(parse_tree(text)) == text
+    assert parse_tree(pretty(tree)) == tree
+    assert from_json(json.loads(dumps_json(tree))) == tree
+    digest = content_hash(tree)
+    assert len(digest) == 16 and content_hash(parse_tree(pretty(tree))) == digest
+
+
+def _assert_costs_add_up(checked: CheckedTree) -> None:
+    """The totals are each terminal's own cost times the copies its enclosing repeats make."""
+    terminals = [checked.facts[p] for p, n in walk(checked.tree) if isinstance(n, Terminal)]
+    assert checked.params == sum(f.params * f.copies for f in terminals)
+    assert checked.flops == sum(f.flops * f.copies for f in terminals)
+
+
+# ----------------------------------------------------------------------------- compiling
+
+
+def _numel(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _forward(checked: CheckedTree, device: str) -> None:
+    """Build the network with 10 classes on `device` and run a batch of 2 through it."""
+    state = checked.input[0]
+    with torch.device(device):
+        torch.manual_seed(0)
+        net = compile_network(checked, classes=10)
+        assert _numel(net.backbone) == checked.params
+        x = torch.randn(2, *state.shape)
+        with torch.no_grad():
+            features = net.backbone(x)
+            logits = net.head(features)
+    assert tuple(features.shape) == (2, *checked.output[0].shape)
+    assert tuple(logits.shape) == (2, 10)
+    if device == "cpu":
+        assert torch.isfinite(logits).all()
+
+
+_OPS_SEEN: set = set()
+
+
+def _check_operations_on_meta(checked: CheckedTree) -> None:
+    """Each distinct (operation, arguments, input) of the tree, built and run on `meta`:
+    real output shapes and parameter counts equal the inferred ones."""
+    for path, node in walk(checked.tree):
+        if not isinstance(node, Terminal):
+            continue
+        facts = checked.facts[path]
+        key = (node, facts.input)
+        if key in _OPS_SEEN:
+            continue
+        op, args = get_op(node.op), dict(node.args)
+        with torch.device("meta"):
+            module = op.build(facts.input, args)
+            tensors = [torch.empty(2, *s.shape) for s in facts.input]
+            out = module(tensors if op.group is Group.AGGREGATION else tensors[0])
+        outs = out if isinstance(out, list) else [out]
+        assert [tuple(t.shape[1:]) for t in outs] == [s.shape for s in facts.output], node
+        assert _numel(module) == op.param_count(facts.input, args), node
+        _OPS_SEEN.add(key)
+
+
+def _tier(checked: CheckedTree) -> str:
+    instances, activations = _instances_and_activations(checked)
+    small = checked.flops <= CPU_FLOPS and checked.params <= CPU_PARAMS and activations <= CPU_ACTIVATIONS
+    if small and instances <= CPU_MODULES:
+        return "cpu"
+    return "meta" if instances <= META_MODULES else "operations"
+
+
+def _assert_compiles_and_runs(checked: CheckedTree) -> str:
+    tier = _tier(checked)
+    event(f"forward: {tier}")
+    _check_operations_on_meta(checked)
+    if tier != "operations":
+        _forward(checked, tier)
+    return tier
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@_settings(250)
+@given(seed=SEEDS)
+def test_sampled_trees_are_valid(case, seed):
+    """Check, text/pretty/JSON round trips, stable hash, same seed -> same tree, default limits."""
+    grammar, x = _case(case)
+    tree = Sampler(grammar, x, random_seed=seed).sample()
+    assert Sampler(grammar, x, random_seed=seed).sample() == tree
+    checked = check_tree(tree, grammar, x)
+    assert len(checked.output) == 1
+    _assert_within(checked, Limits())
+    _assert_round_trips(tree)
+    _assert_costs_add_up(checked)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@_settings(25)
+@given(seed=SEEDS)
+def test_sampled_networks_compile_and_run(case, seed):
+    """Analytic params == real params; real output shape == inferred shape; logits (2, 10), finite."""
+    grammar, x = _case(case)
+    tree = Sampler(grammar, x, random_seed=seed).sample()
+    _assert_compiles_and_runs(check_tree(tree, grammar, x))
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_cpu_forward_covers_most_trees(case):
+    """The tiers above are not a way to skip: most sampled trees run for real on the CPU (about
+    three in four; the rest mostly hold too many module instances), and nearly all are built
+    whole, on the CPU or on `meta`."""
+    grammar, x = _case(case)
+    sampler = Sampler(grammar, x, random_seed=0)
+    tiers = [_tier(check_tree(sampler.sample(), grammar, x)) for _ in range(100)]
+    assert tiers.count("cpu") >= 60, tiers
+    assert tiers.count("operations") <= 20, tiers
+
+
+# ----------------------------------------------------------------------------- limits
+
+LIMITS = st.builds(
+    lambda depth, nodes, min_depth, params: Limits(
+        max_depth=depth, max_nodes=nodes, min_depth=min(min_depth, depth), max_params=params
+    ),
+    depth=st.integers(3, 30),
+    nodes=st.integers(8, 400),
+    min_depth=st.integers(0, 10),
+    params=st.sampled_from([None, 0, 10_000, 1_000_000]),
+)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=[CASE_IDS[0], CASE_IDS[4]])
+@_settings(150)
+@given(seed=SEEDS, limits=LIMITS)
+def test_sampled_trees_respect_limits(case, seed, limits):
+    """Whatever the limits, a sample respects them, or the sampler says it found none (quickly)."""
+    grammar, x = _case(case)
+    started = time.perf_counter()
+    try:
+        tree = Sampler(grammar, x, limits, random_seed=seed).sample()
+    except SamplingError:
+        event("no tree within these limits")
+        assert time.perf_counter() - started < 10
+        return
+    checked = check_tree(tree, grammar, x)
+    _assert_within(checked, limits)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        Limits(max_params=10_000),
+        Limits(max_params=0),
+        Limits(max_depth=4),
+        Limits(max_nodes=20),
+        Limits(min_depth=10),
+        Limits(min_depth=6, max_depth=8, max_nodes=100, max_params=50_000),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_feasible_limits_always_yield_trees(case, limits):
+    grammar, x = _case(case)
+    sampler = Sampler(grammar, x, limits, random_seed=1)
+    for _ in range(25):
+        checked = check_tree(sampler.sample(), grammar, x)
+        _assert_within(checked, limits)
+
+
+# ----------------------------------------------------------------------------- variation
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@_settings(20)
+@given(seed=SEEDS)
+def test_mutation_chains_stay_valid(case, seed):
+    """Fifteen mutations in a row: every child checks, differs from its parent, stays within
+    limits; the last one round-trips, compiles and runs."""
+    grammar, x = _case(case)
+    rng = random.Random(seed)
+    tree = Sampler(grammar, x, VARIATION_LIMITS, rng=rng).sample()
+    variation = Variation(grammar, x, VARIATION_LIMITS, rng=rng)
+    for _ in range(15):
+        child = variation.mutate(tree)
+        assert child != tree
+        checked = check_tree(child, grammar, x)
+        _assert_within(checked, VARIATION_LIMITS)
+        tree = child
+    _assert_round_trips(tree)
+    _assert_compiles_and_runs(checked)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[5]], ids=[CASE_IDS[0], CASE_IDS[5]])
+def test_mutation_is_reproducible(case):
+    grammar, x = _case(case)
+    runs = []
+    for _ in range(2):
+        rng = random.Random(7)
+        tree = Sampler(grammar, x, VARIATION_LIMITS, rng=rng).sample()
+        variation = Variation(grammar, x, VARIATION_LIMITS, rng=rng)
+        chain = [tree]
+        for _ in range(20):
+            chain.append(variation.mutate(chain[-1]))
+        runs.append(chain)
+    assert runs[0] == runs[1]
+
+
+def _subtrees(tree: Node) -> set[Node]:
+    return {node for _, node in walk(tree)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@_settings(40)
+@given(seed_a=SEEDS, seed_b=SEEDS)
+def test_crossover_children_are_valid(case, seed_a, seed_b):
+    """A child is `a` with one subtree swapped for one of `b`, checks and stays within limits;
+    when no exchange is possible the operator says so with VariationError."""
+    grammar, x = _case(case)
+    a = Sampler(grammar, x, VARIATION_LIMITS, random_seed=seed_a).sample()
+    b = Sampler(grammar, x, VARIATION_LIMITS, random_seed=seed_b).sample()
+    variation = Variation(grammar, x, VARIATION_LIMITS, rng=random.Random(seed_a ^ seed_b))
+    try:
+        child = variation.crossover(a, b)
+    except VariationError:
+        event("crossover: no exchangeable subtrees")
+        return
+    event("crossover: child")
+    assert child != a
+    _assert_within(check_tree(child, grammar, x), VARIATION_LIMITS)
+    # Exactly one site differs from `a` at the top, and what is there came from `b`.
+    site = _first_difference(a, child)
+    assert node_at(child, site) in _subtrees(b)
+
+
+def _first_difference(a: Node, b: Node) -> tuple[int, ...]:
+    path: tuple[int, ...] = ()
+    while True:
+        kids_a = _kids(node_at(a, path))
+        kids_b = _kids(node_at(b, path))
+        if isinstance(node_at(a, path), Terminal) or len(kids_a) != len(kids_b):
+            return path
+        different = [i for i, (p, q) in enumerate(zip(kids_a, kids_b, strict=True)) if p != q]
+        if len(different) != 1 or _label(node_at(a, path)) != _label(node_at(b, path)):
+            return path
+        path = (*path, different[0])
+
+
+def _kids(node: Node) -> tuple[Node, ...]:
+    if isinstance(node, (Nonterminal, Parallel)):
+        return node.children
+    return (node.child,) if isinstance(node, Repeat) else ()
+
+
+def _label(node: Node):
+    if isinstance(node, Nonterminal):
+        return node.symbol
+    return node.times if isinstance(node, Repeat) else type(node).__name__
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@_settings(15)
+@given(seed=SEEDS)
+def test_crossover_of_relatives_is_valid(case, seed):
+    """Parents that share ancestry (b is a twice-mutated a), crossed over repeatedly."""
+    grammar, x = _case(case)
+    rng = random.Random(seed)
+    variation = Variation(grammar, x, VARIATION_LIMITS, rng=rng)
+    a = Sampler(grammar, x, VARIATION_LIMITS, rng=rng).sample()
+    b = variation.mutate(variation.mutate(a))
+    for _ in range(5):
+        try:
+            child = variation.crossover(a, b)
+        except VariationError:
+            event("crossover: no exchangeable subtrees")
+            continue
+        assert child != a
+        _assert_within(check_tree(child, grammar, x), VARIATION_LIMITS)
+        assert node_at(child, _first_difference(a, child)) in _subtrees(b)
+        a, b = b, child
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_crossover_usually_succeeds(case):
+    """Not vacuous: unrelated parents sometimes (15-30% of pairs), a tree and its mutant often
+    (60-75%) share an exchangeable subtree: same symbol, same signals in and out."""
+    grammar, x = _case(case)
+    variation = Variation(grammar, x, VARIATION_LIMITS, rng=random.Random(0))
+    sampler = Sampler(grammar, x, VARIATION_LIMITS, random_seed=0)
+    unrelated = relatives = 0
+    for _ in range(40):
+        a, b = sampler.sample(), sampler.sample()
+        for parents in ((a, b), (a, variation.mutate(a))):
+            try:
+                check_tree(variation.crossover(*parents), grammar, x)
+            except VariationError:
+                continue
+            if parents[1] is b:
+                unrelated += 1
+            else:
+                relatives += 1
+    assert unrelated >= 3
+    assert relatives >= 20
+
+
+# ----------------------------------------------------------------------------- failing fast
+
+_LINEAR_GRID = "linear(d = 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8)"
+
+#: (grammar text, input shape, seconds allowed): grammars no tree of which fits the input.
+IMPOSSIBLE = [
+    # the only derivation needs a 16x16 kernel on an 8x8 image
+    ("start S\nS -> im2col((k, s, p) = (16, 16, 0)) C col2im\nC -> identity | norm\n", (3, 8, 8), 1.0),
+    # the same, under recursion: every M needs the kernel
+    (
+        "start S\nS -> M\nM -> M M | R1 C R2\nR1 -> im2col((k, s, p) = (16, 16, 0))\n"
+        "R2 -> col2im\nC -> identity | leaky_relu\n",
+        (1, 8, 8),
+        1.0,
+    ),
+    # col2im with no im2col before it, after any amount of computation
+    ("start S\nS -> M col2im\nM -> M M | leaky_relu | norm | softmax\n", (3, 32, 32), 1.0),
+    # a guard that never holds for images
+    ("start S\nS if mode == col -> M\nM -> identity\n", (3, 32, 32), 1.0),
+    # 8^7 argument combinations before a dead end: every attempt runs out of steps
+    (f"start S\nS -> {' '.join([_LINEAR_GRID] * 7)} col2im\n", (3, 8, 8), 15.0),
+]
+
+
+@pytest.mark.parametrize("text,shape,seconds", IMPOSSIBLE)
+def test_impossible_grammars_fail_fast(text, shape, seconds):
+    grammar = parse_grammar(text)
+    started = time.perf_counter()
+    with pytest.raises(SamplingError, match="found no tree of S"):
+        Sampler(grammar, input_state(shape), random_seed=0).sample()
+    assert time.perf_counter() - started < seconds
+
+
+def test_the_sequence_grammar_refuses_images_at_once():
+    started = time.perf_counter()
+    with pytest.raises(SamplingError):
+        Sampler(_grammar("einspace_1d"), input_state((3, 32, 32)), random_seed=0).sample()
+    assert time.perf_counter() - started < 1.0
+
+
+# ----------------------------------------------------------------------------- any tree's text
+
+_NAMES = st.text(string.ascii_letters + "_", min_size=1, max_size=3).filter(
+    lambda s: s not in ("true", "false")
+)
+_VALUES = st.recursive(
+    st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.booleans() | _NAMES,
+    lambda inner: st.lists(inner, min_size=1, max_size=3).map(tuple),
+    max_leaves=5,
+)
+_TERMINALS = st.builds(
+    Terminal,
+    _NAMES,
+    st.dictionaries(_NAMES, _VALUES, max_size=3).map(lambda d: tuple(d.items())),
+)
+
+
+def _extend(inner):
+    repeatable = _TERMINALS | st.builds(Nonterminal, _NAMES, st.lists(inner, max_size=3).map(tuple))
+    return (
+        st.builds(Nonterminal, _NAMES, st.lists(inner, max_size=4).map(tuple))
+        | st.builds(Parallel, st.lists(inner, min_size=1, max_size=3).map(tuple))
+        | st.builds(Repeat, repeatable, st.integers(1, 8))
+    )
+
+
+#: Trees of any shape the text form can express (a repeat holds a node or a terminal).
+_TREES = st.builds(
+    Nonterminal, _NAMES, st.lists(st.recursive(_TERMINALS, _extend, max_leaves=20), max_size=4).map(tuple)
+)
+
+
+@_settings(150)
+@given(tree=_TREES)
+def test_any_tree_round_trips(tree):
+    _assert_round_trips(tree)
+    assert parse_tree(pretty(tree, width=20)) == tree
