@@ -122,9 +122,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from einspace.seeds import load_seed
+
     grammar = load(args.grammar)
     state = parse_input(args.input, args.mode)
-    tree = load_tree(args.tree)
+    # A file path wins; otherwise a bundled seed, whose error says which seed does not fit.
+    tree = load_tree(args.tree) if Path(args.tree).is_file() else load_seed(args.tree, grammar, state)
     checked = check_tree(tree, grammar, state)
     if args.dot:
         from einspace.render import to_dot
@@ -164,6 +167,27 @@ def _outline(checked: CheckedTree) -> str:
 _HEADER = ("node", "output", "params", "FLOPs")
 
 
+def cmd_seeds(args: argparse.Namespace) -> int:
+    """List the bundled seeds with their size at the given input, or why they don't fit it."""
+    from einspace.seeds import list_seeds, load_seed, seed_description
+
+    grammar = load(args.grammar)
+    state = parse_input(args.input, args.mode)
+    names = list_seeds()
+    width = max((len(n) for n in names), default=0)
+    print(f"# bundled seeds at input {state}: backbone parameters (the head adds classes x (width + 1))")
+    for name in names:
+        try:
+            checked = check_tree(load_seed(name, grammar, state), grammar, state)
+        except EinspaceError as exc:
+            reason = str(exc).split(f" does not fit input {state}: ", 1)[-1]
+            print(f"{name:<{width}}  does not fit: {reason}  ({seed_description(name).rstrip('.')})")
+            continue
+        output = describe(checked.output)
+        print(f"{name:<{width}}  {checked.params:>12,} params  output {output:<16}  {seed_description(name)}")
+    return 0
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     for name in list_ops(args.pattern):
         op = get_op(name)
@@ -171,6 +195,20 @@ def cmd_ops(args: argparse.Namespace) -> int:
         doc = (type(op).__doc__ or "").strip().splitlines()[0] if type(op).__doc__ else ""
         print(f"{name}({arguments})  [{op.group.value}]  {doc}")
     return 0
+
+
+def _add_package_commands(package: str, sub: argparse._SubParsersAction) -> None:
+    """Let `einspace.search` and `einspace.evaluators` add their own subcommands: each may have
+    a `cli` module with `add_commands(subparsers)`, so this file needn't know them."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"{package}.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{package}.cli":
+            raise
+        return
+    module.add_commands(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,8 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("grammar", help="grammar file, or a bundled name such as 'einspace'")
     check.add_argument("--mode", choices=("im", "col"), default="im", help="input mode for the analysis")
     check.add_argument("--allow-inconsistent", action="store_true", help="exit 0 even if rho >= 1")
-    check.add_argument("--contexts", action="store_true",
-                       help="also print the expectation matrix per (symbol, mode, b) context")
+    check.add_argument(
+        "--contexts",
+        action="store_true",
+        help="also print the expectation matrix per (symbol, mode, b) context",
+    )
     check.set_defaults(run=cmd_check)
 
     sample = sub.add_parser("sample", help="sample derivation trees and print them with statistics")
@@ -196,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.set_defaults(run=cmd_sample)
 
     show = sub.add_parser("show", help="show a tree file with the signal and parameters at every node")
-    show.add_argument("tree", help="a tree file (bracket form)")
+    show.add_argument("tree", help="a tree file (bracket form) or a bundled seed name such as 'resnet18'")
     _add_input(show)
     show.add_argument("--grammar", default="einspace", help="grammar to check the tree against")
     show.add_argument(
@@ -205,6 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a Graphviz picture instead (coloured by operation group, as in the paper)",
     )
     show.set_defaults(run=cmd_show)
+
+    seeds = sub.add_parser("seeds", help="list the bundled seed architectures and their size at an input")
+    seeds.add_argument("--input", default="3,64,64", metavar="SHAPE", help="input shape (default 3,64,64)")
+    seeds.add_argument("--mode", choices=("im", "col"), help="input mode (default: from the rank)")
+    seeds.add_argument("--grammar", default="einspace", help="grammar to check the seeds against")
+    seeds.set_defaults(run=cmd_seeds)
+
+    for package in ("einspace.search", "einspace.evaluators"):
+        _add_package_commands(package, sub)
 
     ops = sub.add_parser("ops", help="list the registered operations")
     ops.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'im2*'")

@@ -9,6 +9,7 @@ from torch import nn
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError
 from einspace.grammar.model import Grammar
+from einspace.lowering import lower as lower_modules
 from einspace.ops.registry import get_op
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal
@@ -83,11 +84,19 @@ class _Compiler:
 
 
 def compile_backbone(
-    tree: Node | CheckedTree, input: FeatureState | Signal | None = None, grammar: Grammar | None = None
+    tree: Node | CheckedTree,
+    input: FeatureState | Signal | None = None,
+    grammar: Grammar | None = None,
+    *,
+    lower: bool = True,
 ) -> nn.Module:
-    """The module a tree describes (checked first; a TreeError names a node that doesn't fit)."""
+    """The module a tree describes (checked first; a TreeError names a node that doesn't fit).
+
+    `lower` swaps recognised runs of operations for fast kernels with the same parameters and
+    results (einspace.lowering); `lower=False` runs every operation literally.
+    """
     checked = tree if isinstance(tree, CheckedTree) else check_tree(tree, grammar, _need(input))
-    return _Compiler(checked).sequence(checked.tree, ())
+    return _build(checked, lower)
 
 
 def compile_network(
@@ -95,12 +104,17 @@ def compile_network(
     input: FeatureState | Signal | None = None,
     classes: int = 10,
     grammar: Grammar | None = None,
+    *,
+    lower: bool = True,
 ) -> Network:
-    """Backbone plus the classification head of App. B.1."""
+    """Backbone plus the classification head of App. B.1 (`lower` as in compile_backbone)."""
     checked = tree if isinstance(tree, CheckedTree) else check_tree(tree, grammar, _need(input))
-    return Network(
-        _Compiler(checked).sequence(checked.tree, ()), ClassificationHead(checked.output[0], classes)
-    )
+    return Network(_build(checked, lower), ClassificationHead(checked.output[0], classes))
+
+
+def _build(checked: CheckedTree, lower: bool) -> nn.Module:
+    module = _Compiler(checked).sequence(checked.tree, ())
+    return lower_modules(module) if lower else module
 
 
 def _need(input: FeatureState | Signal | None) -> FeatureState | Signal:

@@ -22,18 +22,21 @@ def paper():
     return load_grammar("grammars/einspace.pcfg")
 
 
-def test_figure_3_block_equals_hand_written_torch(paper):
+@pytest.mark.parametrize("lower", [False, True], ids=["literal", "lowered"])
+def test_figure_3_block_equals_hand_written_torch(paper, lower):
     """conv3x3 - batch norm - leaky ReLU, plus a 1x1 projection on the skip, then add."""
     x = input_state((3, 12, 10))
-    backbone = compile_backbone(parse_tree(FIGURE_3), x, paper)
+    backbone = compile_backbone(parse_tree(FIGURE_3), x, paper, lower=lower)
     conv, norm, skip = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Conv2d(3, 16, 1)
-    linears = [m for m in backbone.modules() if isinstance(m, nn.Linear)]
+    # The two linears' (weight, bias), in tree order (lowering keeps the parameters as they are).
+    params = list(backbone.parameters())
+    linears = [(w, params[i + 1]) for i, w in enumerate(params) if w.dim() == 2]
     (bn,) = [m for m in backbone.modules() if isinstance(m, nn.BatchNorm2d)]
     with torch.no_grad():
-        conv.weight.copy_(linears[0].weight.reshape(16, 3, 3, 3))
-        conv.bias.copy_(linears[0].bias)
-        skip.weight.copy_(linears[1].weight[:, :, None, None])
-        skip.bias.copy_(linears[1].bias)
+        conv.weight.copy_(linears[0][0].reshape(16, 3, 3, 3))
+        conv.bias.copy_(linears[0][1])
+        skip.weight.copy_(linears[1][0][:, :, None, None])
+        skip.bias.copy_(linears[1][1])
         norm.load_state_dict(bn.state_dict())
     inputs = torch.randn(4, 3, 12, 10)
     for train in (True, False):

@@ -1,0 +1,326 @@
+"""The training evaluator: train a compiled tree with the paper's recipe; fitness = validation metric.
+
+Defaults are the search row of the paper's Table 4 (SGD, momentum 0.9, 8 epochs, batch 256,
+lr 0.04, weight decay 3e-4, App. B.1); `final_evaluation` retrains a chosen tree on
+train+valid for 64 epochs and reports the test metric, as the paper does. The metric follows
+from the dataset (einspace.evaluators.objectives): accuracy for class labels, relative ℓ2
+(fitness = its negative) for dense regression targets.
+
+Before anything is built the tree is checked against the budget from its analytic counts
+(einspace.evaluators.budgets). Expected failures (over budget, out of memory, a NaN or
+infinite loss, the `max_seconds` time budget) raise EvaluationFailed with the reason, which
+`run_task` records as a failed Result.
+
+Determinism: the same random_seed gives bit-identical results on CPU with the same torch
+version and thread count (initialisation and batch order come from seeded generators). On a
+GPU, cuDNN algorithm choice and atomic adds make runs differ in the last bits unless
+`deterministic: true` (slower; torch.use_deterministic_algorithms with warn_only).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from einspace.checker import CheckedTree, check_tree
+from einspace.evaluators._runtime import Runtime, out_of_memory
+from einspace.evaluators._settings import require, settings_from
+from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evaluator
+from einspace.evaluators.budgets import Budget, budget_violation
+from einspace.evaluators.datasets import Dataset, load_dataset
+from einspace.evaluators.objectives import Objective, objective_for
+from einspace.evaluators.optim import build_optimizer
+from einspace.grammar.model import Grammar
+from einspace.state import FeatureState
+from einspace.tree import Node
+
+__all__ = ["FINAL_EPOCHS", "TrainingEvaluator", "TrainingSettings", "final_evaluation", "train_and_test"]
+
+#: Epochs of the final evaluation (paper Table 4, "Epochs (eval)").
+FINAL_EPOCHS = 64
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Everything a training run reads; an experiment file's evaluator settings map onto it."""
+
+    dataset: str = "digits"  # built-in name, Unseen NAS directory, or .npz file
+    epochs: int = 8
+    batch_size: int = 256
+    lr: float = 0.04
+    momentum: float = 0.9
+    weight_decay: float = 3e-4
+    nesterov: bool = False
+    schedule: str = "cosine"  # cosine | step | constant (stepped per batch)
+    milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training
+    gamma: float = 0.1  # step schedule: factor at each milestone
+    label_smoothing: float = 0.0
+    param_groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # see evaluators.optim
+    metric: str | None = None  # accuracy | relative_l2; None: what the dataset's targets imply
+    # budgets, checked from the analytic counts before anything is built (None: unlimited)
+    max_params: int | None = None
+    max_flops: int | None = None
+    max_activation_mb: float | None = None
+    max_seconds: float | None = None  # wall-clock budget for one evaluation
+    # subsets: the first N examples of a split (quick runs and tests); None: all
+    train_subset: int | None = None
+    valid_subset: int | None = None
+    # execution
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: bool = True  # mixed precision on CUDA (bfloat16 where supported, else float16)
+    channels_last: str | bool = "auto"  # auto: on CUDA when the network has convolutions
+    deterministic: bool = False
+    threads: int | None = None  # torch CPU threads (e.g. 1 per worker when workers share cores)
+    eval_batch_size: int = 1024
+    lower: bool = True  # compile recognised patterns to fast kernels (einspace.lowering)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "milestones", tuple(float(m) for m in self.milestones))
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                f"setting {name} must be a positive integer, got {value!r}",
+            )
+        for name in ("lr", "momentum", "weight_decay", "gamma", "label_smoothing"):
+            value = getattr(self, name)
+            require(
+                isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+                f"setting {name} must be a number >= 0, got {value!r}"
+                + (" (YAML reads 1.0e9 as text; write 1.0e+9)" if isinstance(value, str) else ""),
+            )
+        require(
+            self.schedule in ("cosine", "step", "constant"),
+            "setting schedule must be cosine, step or constant",
+        )
+        require(all(0 < m < 1 for m in self.milestones), "setting milestones must be fractions in (0, 1)")
+        require(self.label_smoothing < 1, "setting label_smoothing must be below 1")
+        require(
+            self.channels_last in ("auto", True, False), "setting channels_last must be auto, true or false"
+        )
+        require(
+            self.metric in (None, "accuracy", "relative_l2"),
+            f"unknown metric {self.metric!r}; expected accuracy or relative_l2",
+        )
+        for name in ("train_subset", "valid_subset", "max_seconds", "threads"):
+            value = getattr(self, name)
+            require(value is None or value > 0, f"setting {name} must be positive or null")
+        Budget.from_settings(self.budget_settings())  # validates the budget numbers
+
+    def budget_settings(self) -> dict[str, Any]:
+        return {
+            "max_params": self.max_params,
+            "max_flops": self.max_flops,
+            "max_activation_mb": self.max_activation_mb,
+            "batch_size": self.batch_size,
+        }
+
+
+def _subset(x: np.ndarray, y: np.ndarray, n: int | None) -> tuple[np.ndarray, np.ndarray]:
+    return (x, y) if n is None else (x[:n], y[:n])
+
+
+def _check_budget(checked: CheckedTree, settings: TrainingSettings, classes: int | None) -> None:
+    budget = Budget.from_settings({**settings.budget_settings(), "classes": classes})
+    reason = budget_violation(checked, budget)
+    if reason is not None:
+        raise EvaluationFailed(f"over budget: {reason}")
+
+
+def _check_input(dataset: Dataset, input: FeatureState) -> None:
+    if tuple(input.shape) != dataset.input_shape:
+        raise EvaluationFailed(
+            f"the task's input {input} does not match dataset {dataset.name!r}, whose examples "
+            f"have shape {'x'.join(map(str, dataset.input_shape))}"
+        )
+
+
+def _train(
+    checked: CheckedTree,
+    objective: Objective,
+    train: tuple[np.ndarray, np.ndarray],
+    evaluation: tuple[np.ndarray, np.ndarray],
+    settings: TrainingSettings,
+    random_seed: int,
+) -> dict[str, float]:
+    """Build, train and score one network: eval_loss and eval_metric on `evaluation`, the
+    training loss and metric of the last epoch, size and time."""
+    started = time.perf_counter()
+    runtime = Runtime(settings.device, settings.amp, settings.channels_last, settings.deterministic)
+    threads = torch.get_num_threads()
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    torch.manual_seed(random_seed)
+    shuffle = torch.Generator().manual_seed(random_seed)
+    try:
+        model = objective.build(checked, settings.lower)
+        params = sum(p.numel() for p in model.parameters())
+        model = runtime.prepare_model(model)
+        train_x, train_y = runtime.data(*train)
+        eval_x, eval_y = runtime.data(*evaluation)
+        n = len(train_y)
+        steps_per_epoch = math.ceil(n / settings.batch_size)
+        optimizer, scheduler = build_optimizer(
+            model,
+            lr=settings.lr,
+            momentum=settings.momentum,
+            weight_decay=settings.weight_decay,
+            nesterov=settings.nesterov,
+            schedule=settings.schedule,
+            milestones=settings.milestones,
+            gamma=settings.gamma,
+            steps_per_epoch=steps_per_epoch,
+            epochs=settings.epochs,
+            overrides=settings.param_groups,
+        )
+        check_every = 1 if runtime.device.type == "cpu" else 25  # each check syncs a GPU
+        train_loss = train_metric = 0.0
+        for epoch in range(settings.epochs):
+            model.train()
+            order = torch.randperm(n, generator=shuffle)
+            loss_sum = torch.zeros((), device=runtime.device)
+            metric_sum = torch.zeros((), device=runtime.device)
+            for step in range(steps_per_epoch):
+                index = order[step * settings.batch_size : (step + 1) * settings.batch_size]
+                x, y = runtime.batch(train_x, train_y, index)
+                with runtime.autocast():
+                    output = model(x).float()
+                    loss = objective.loss(output, y)
+                optimizer.zero_grad(set_to_none=True)
+                runtime.backward(loss, optimizer)
+                scheduler.step()
+                loss_sum += loss.detach() * len(y)
+                metric_sum += objective.metric_sum(output.detach(), y)
+                if (step + 1) % check_every == 0 or step + 1 == steps_per_epoch:
+                    value = float(loss_sum)
+                    if not math.isfinite(value):
+                        raise EvaluationFailed(
+                            f"the training loss became {value} in epoch {epoch + 1}, step {step + 1} "
+                            f"(learning rate {settings.lr} too high for this network, or it is unstable)"
+                        )
+                if settings.max_seconds is not None and time.perf_counter() - started > settings.max_seconds:
+                    raise EvaluationFailed(
+                        f"time budget of {settings.max_seconds:g} s exceeded in epoch {epoch + 1} "
+                        f"of {settings.epochs}"
+                    )
+            train_loss, train_metric = float(loss_sum) / n, float(metric_sum) / n
+        eval_loss, eval_metric = _score(model, objective, eval_x, eval_y, settings.eval_batch_size, runtime)
+    except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
+        if out_of_memory(exc):
+            runtime.release()
+            raise EvaluationFailed(f"out of memory on {runtime.device}: {str(exc).splitlines()[0]}") from None
+        raise
+    finally:
+        torch.set_num_threads(threads)  # in-process executors share the process with others
+    return {
+        "eval_metric": eval_metric,
+        "eval_loss": eval_loss,
+        "train_loss": train_loss,
+        f"train_{objective.metric}": train_metric,
+        "params": float(params),
+        "flops": float(checked.flops),
+        "epochs": float(settings.epochs),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+@torch.no_grad()
+def _score(
+    model: nn.Module,
+    objective: Objective,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    runtime: Runtime,
+) -> tuple[float, float]:
+    """(mean loss, mean metric) of `model` on (x, y), in eval mode."""
+    model.eval()
+    loss = torch.zeros((), device=runtime.device)
+    metric = torch.zeros((), device=runtime.device)
+    for start in range(0, len(y), batch_size):
+        index = torch.arange(start, min(start + batch_size, len(y)))
+        xb, yb = runtime.batch(x, y, index)
+        with runtime.autocast():
+            output = model(xb).float()
+        loss += objective.loss(output, yb) * len(yb)
+        metric += objective.metric_sum(output, yb)
+    return float(loss) / len(y), float(metric) / len(y)
+
+
+@register_evaluator
+class TrainingEvaluator(Evaluator):
+    """Fitness = validation accuracy (or −relative ℓ2) after training on the train split (paper Sec. 4.1)."""
+
+    name = "training"
+
+    def __init__(self, **settings: Any):
+        self.settings = settings_from(TrainingSettings, self.name, settings)
+
+    def evaluate(
+        self, tree: Any, input: FeatureState, grammar: Grammar, random_seed: int
+    ) -> dict[str, float]:
+        s = self.settings
+        dataset = load_dataset(s.dataset)
+        _check_input(dataset, input)
+        checked = check_tree(tree, grammar, input)
+        objective = objective_for(dataset, s.metric, s)
+        _check_budget(checked, s, objective.budget_classes)
+        train = _subset(dataset.train_x, dataset.train_y, s.train_subset)
+        valid = _subset(dataset.valid_x, dataset.valid_y, s.valid_subset)
+        metrics = _train(checked, objective, train, valid, s, random_seed)
+        value, loss = metrics.pop("eval_metric"), metrics.pop("eval_loss")
+        named = {f"valid_{objective.metric}": value, "valid_loss": loss}
+        return {"fitness": objective.fitness(value), **named, **metrics}
+
+
+def train_and_test(
+    tree: Node,
+    dataset: Dataset,
+    input: FeatureState,
+    grammar: Grammar | None,
+    settings: TrainingSettings,
+    random_seed: int = 0,
+) -> dict[str, float]:
+    """Train on train+valid with `settings`, report the test metric (the engine of final_evaluation)."""
+    _check_input(dataset, input)
+    checked = check_tree(tree, grammar, input)
+    objective = objective_for(dataset, settings.metric, settings)
+    _check_budget(checked, settings, objective.budget_classes)
+    train = (
+        np.concatenate([dataset.train_x, dataset.valid_x]),
+        np.concatenate([dataset.train_y, dataset.valid_y]),
+    )
+    metrics = _train(checked, objective, train, (dataset.test_x, dataset.test_y), settings, random_seed)
+    value, loss = metrics.pop("eval_metric"), metrics.pop("eval_loss")
+    return {f"test_{objective.metric}": value, "test_loss": loss, **metrics}
+
+
+def final_evaluation(
+    tree: Node,
+    dataset: str | Dataset = "digits",
+    grammar: Grammar | str | None = "einspace",
+    settings: dict[str, Any] | None = None,
+    random_seed: int = 0,
+) -> dict[str, float]:
+    """Retrain `tree` from scratch on train+valid and evaluate on test (paper App. B.1).
+
+    `settings` are TrainingSettings keys; epochs default to FINAL_EPOCHS (64, Table 4) rather
+    than the search's 8. Raises EvaluationFailed for the failures the evaluator reports.
+    """
+    from einspace.bundled import load
+    from einspace.state import input_state
+
+    values = {"epochs": FINAL_EPOCHS, **(settings or {})}
+    if isinstance(dataset, Dataset):
+        values["dataset"] = dataset.name
+    resolved = settings_from(TrainingSettings, "training", values)
+    data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
+    if isinstance(grammar, str):
+        grammar = load(grammar)
+    return train_and_test(tree, data, input_state(data.input_shape), grammar, resolved, random_seed)

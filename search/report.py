@@ -1,0 +1,183 @@
+"""What a run found: the best architectures with their statistics, fitness over time (PNG), a CSV export."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from einspace.errors import EinspaceError
+from einspace.search.loop import STORE_NAME
+from einspace.search.store import Record, SQLiteStore
+
+__all__ = ["best_records", "open_run", "plot_fitness", "report", "write_csv"]
+
+
+def open_run(run_dir: str | Path) -> tuple[SQLiteStore, dict[str, Any]]:
+    """The store of an existing run and its experiment config (an error if there is no run there)."""
+    path = Path(run_dir) / STORE_NAME
+    if not path.is_file():
+        raise EinspaceError(f"{run_dir} is not a search run directory (no {STORE_NAME} in it)")
+    store = SQLiteStore(path)
+    return store, json.loads(store.get_meta("config") or "{}")
+
+
+def best_records(history: list[Record], k: int) -> list[Record]:
+    """The k fittest successful evaluations, one per distinct tree (cached copies are not new)."""
+    ok = [r for r in history if r.status == "ok" and r.fitness is not None]
+    return sorted(ok, key=lambda r: (-r.fitness, r.id))[:k]  # type: ignore[operator]
+
+
+def _stats(tree: str, config: dict[str, Any]) -> str:
+    from einspace.bundled import load
+    from einspace.checker import check_tree, statistics
+    from einspace.state import input_state
+    from einspace.tree import parse_tree
+
+    try:
+        state = input_state(tuple(config["input"]["shape"]), config["input"]["mode"])
+        s = statistics(check_tree(parse_tree(tree), load(config["grammar"]), state))
+    except (EinspaceError, KeyError) as exc:
+        return f"(statistics unavailable: {exc})"
+    return (
+        f"params {s['params']:,}  FLOPs {s['flops']:,}  depth {s['depth']}  "
+        f"terminals {s['terminals']}  output {s['output']}"
+    )
+
+
+def _default_budget(name: str) -> int | str:
+    """The strategy's default `evaluations` when the experiment left it out ("?" if unknown)."""
+    import inspect
+
+    from einspace.search.strategy import _STRATEGIES, list_strategies
+
+    if name not in list_strategies():
+        return "?"
+    return inspect.signature(_STRATEGIES[name]).parameters["evaluations"].default
+
+
+def write_csv(history: list[Record], path: Path) -> None:
+    columns = [
+        "seq",
+        "id",
+        "status",
+        "fitness",
+        "origin",
+        "parents",
+        "cached_from",
+        "hash",
+        "seconds",
+        "worker",
+        "error",
+        "metrics",
+        "tree",
+    ]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for r in history:
+            writer.writerow(
+                [
+                    r.seq,
+                    r.id,
+                    r.status,
+                    r.fitness,
+                    r.origin,
+                    " ".join(map(str, r.parents)),
+                    r.cached_from,
+                    r.hash,
+                    r.seconds,
+                    r.worker,
+                    r.error,
+                    json.dumps(r.metrics),
+                    r.tree,
+                ]
+            )
+
+
+def plot_fitness(history: list[Record], path: Path, title: str) -> None:
+    """Each evaluation's fitness in finishing order, failures marked along the bottom, and the best so far."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ok = [
+        (r.seq, r.fitness)
+        for r in history
+        if r.status != "failed" and r.fitness is not None and math.isfinite(r.fitness)
+    ]
+    failed = [r.seq for r in history if r.status == "failed"]
+    best, line = -math.inf, []
+    for seq, fitness in ok:
+        best = max(best, fitness)
+        line.append((seq, best))
+    if ok:
+        ax.scatter(*zip(*ok, strict=True), s=6, alpha=0.5, label="evaluation")
+        ax.step(*zip(*line, strict=True), where="post", color="C3", label="best so far")
+        if failed:
+            low = min(f for _, f in ok)
+            ax.scatter(failed, [low] * len(failed), marker="x", s=12, color="grey", label="failed")
+    ax.set_xlabel("evaluation (finishing order)")
+    ax.set_ylabel("fitness")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def report(run_dir: str | Path, top: int = 5, plot: bool = True) -> str:
+    """The report text; also writes RUN_DIR/evaluations.csv and RUN_DIR/fitness.png."""
+    run_dir = Path(run_dir)
+    store, config = open_run(run_dir)
+    try:
+        history = store.history()
+        running = store.running()
+    finally:
+        store.close()
+    strategy = config.get("strategy", {})
+    budget = strategy.get("settings", {}).get("evaluations") or _default_budget(strategy.get("name", ""))
+    counts = {s: sum(r.status == s for r in history) for s in ("ok", "failed", "cached")}
+    evaluator = config.get("evaluator", {}).get("name")
+    lines = [
+        f"run {run_dir}: strategy {strategy.get('name', '?')}, evaluator {evaluator}",
+        f"finished {len(history)} of {budget} (ok {counts['ok']}, failed {counts['failed']}, "
+        f"cached duplicates {counts['cached']}); running/queued at last stop: {len(running)}"
+        + ("  [complete]" if isinstance(budget, int) and len(history) >= budget else ""),
+    ]
+    fitnesses = [r.fitness for r in history if r.status != "failed" and r.fitness is not None]
+    if fitnesses and strategy.get("name") == "random_sampling":
+        mean = sum(fitnesses) / len(fitnesses)
+        sd = math.sqrt(sum((f - mean) ** 2 for f in fitnesses) / max(1, len(fitnesses) - 1))
+        lines.append(f"random sampling: mean fitness {mean:.6g} (sd {sd:.3g}, n {len(fitnesses)})")
+    reasons: dict[str, int] = {}
+    for r in history:
+        if r.status == "failed":
+            reason = (r.error or "?").splitlines()[0][:100]
+            reasons[reason] = reasons.get(reason, 0) + 1
+    for reason, n in sorted(reasons.items(), key=lambda x: -x[1])[:5]:
+        lines.append(f"  failed x{n}: {reason}")
+    lines.append("")
+    for rank, r in enumerate(best_records(history, top), 1):
+        metrics = "  ".join(f"{k} {v:.6g}" for k, v in sorted(r.metrics.items()) if k != "fitness")
+        lines.append(
+            f"#{rank}  fitness {r.fitness:.6g}  id {r.id}  {r.origin}"
+            + (f" of {', '.join(map(str, r.parents))}" if r.parents else "")
+            + (f"  seconds {r.seconds:.2f}" if r.seconds is not None else "")
+        )
+        if metrics:
+            lines.append(f"    {metrics}")
+        lines.append(f"    {_stats(r.tree, config)}")
+        lines.append(f"    {r.tree}")
+    write_csv(history, run_dir / "evaluations.csv")
+    lines.append("")
+    lines.append(f"wrote {run_dir / 'evaluations.csv'}")
+    if plot and history:
+        plot_fitness(history, run_dir / "fitness.png", f"{config.get('name', run_dir.name)}")
+        lines.append(f"wrote {run_dir / 'fitness.png'}")
+    return "\n".join(lines)

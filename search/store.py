@@ -1,0 +1,312 @@
+"""The results store: one SQLite file per run, holding every evaluation and the strategy checkpoint."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import sqlite3
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from einspace.errors import EinspaceError
+
+__all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "Store", "StoreError"]
+
+#: Bumped whenever the tables change; a store written by a newer einspace is refused, not guessed at.
+SCHEMA_VERSION = 1
+
+
+class StoreError(EinspaceError):
+    """The store cannot be opened or was asked to break its contract."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One evaluation. `state` is "running" until `status` ("ok", "failed" or "cached") is set."""
+
+    id: int
+    tree: str
+    hash: str
+    origin: str
+    parents: tuple[int, ...] = ()
+    state: str = "running"
+    status: str | None = None
+    fitness: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    cached_from: int | None = None
+    submitted_at: float | None = None
+    finished_at: float | None = None
+    seconds: float | None = None
+    worker: str | None = None
+    seq: int | None = None  # finishing order, 1, 2, ...: the run's history
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+
+class Store(ABC):
+    """The storage contract (every store passes the same contract tests):
+
+    - Each write is one transaction; a reader never sees half of one, and a crash (kill -9)
+      loses at most the write in progress.
+    - A record goes `running` -> `finished`, once. Finished records never change; finishing one
+      twice is an error. A running record may be re-submitted (after a crash it is re-queued).
+    - `finish` is committed before the caller tells the strategy, so a result is never lost.
+    - The checkpoint is a JSON document replaced atomically as a whole.
+    - Nothing is pickled: trees are text, metrics and checkpoints JSON.
+    - The store carries a schema version and refuses a newer one.
+    - One writer at a time (a second search on the same run is refused); readers need no lock.
+    """
+
+    @abstractmethod
+    def submit(self, record: Record) -> None:
+        """Record a candidate as running (again, if it already is)."""
+
+    @abstractmethod
+    def finish(self, record: Record) -> Record:
+        """Record a finished evaluation; returns it with its finishing order `seq`."""
+
+    @abstractmethod
+    def get(self, id: int) -> Record | None: ...
+
+    @abstractmethod
+    def find_hash(self, hash: str) -> Record | None:
+        """The evaluated (ok or failed, not cached) record of a tree with this hash, if any."""
+
+    @abstractmethod
+    def history(self) -> list[Record]:
+        """Finished records in finishing order."""
+
+    @abstractmethod
+    def running(self) -> list[Record]: ...
+
+    @abstractmethod
+    def save_checkpoint(self, state: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def load_checkpoint(self) -> dict[str, Any] | None: ...
+
+    @abstractmethod
+    def get_meta(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - optional
+        pass
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS evaluations (
+    id INTEGER PRIMARY KEY,
+    state TEXT NOT NULL CHECK (state IN ('running', 'finished')),
+    status TEXT CHECK (status IN ('ok', 'failed', 'cached')),
+    tree TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    parents TEXT NOT NULL,
+    fitness REAL,
+    metrics TEXT,
+    error TEXT,
+    cached_from INTEGER,
+    submitted_at REAL,
+    finished_at REAL,
+    seconds REAL,
+    worker TEXT,
+    seq INTEGER UNIQUE
+);
+CREATE INDEX IF NOT EXISTS evaluations_hash ON evaluations (hash, status);
+CREATE TABLE IF NOT EXISTS checkpoint (
+    id INTEGER PRIMARY KEY CHECK (id = 0), written_at REAL NOT NULL, state TEXT NOT NULL
+);
+"""
+
+_COLUMNS = (
+    "id, tree, hash, origin, parents, state, status, fitness, metrics, error, cached_from, "
+    "submitted_at, finished_at, seconds, worker, seq"
+)
+
+
+def _fitness_in(value: float | None) -> float | None:
+    # SQLite stores -inf but turns NaN into NULL; failures are -inf, so keep them, NaN never gets here.
+    return None if value is None or math.isnan(value) else float(value)
+
+
+class SQLiteStore(Store):
+    """`Store` on one SQLite file (WAL mode: a commit survives kill -9 of the writer)."""
+
+    def __init__(self, path: str | Path, writer: bool = False):
+        """`writer=True` takes the run's lock (released on close, or when the process dies, even
+        by kill -9), so two searches can never write one run; readers (reports) need no lock."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock: int | None = None
+        if writer:
+            self._lock = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self._lock)
+                raise StoreError(f"another search is running in {self.path.parent}") from None
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            version = self._version()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not an einspace results store: {exc}") from None
+        if version is None:
+            with self._tx():
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this einspace's {SCHEMA_VERSION}; "
+                "upgrade einspace to read it"
+            )
+
+    def _version(self) -> int | None:
+        exists = self._db.execute("SELECT name FROM sqlite_master WHERE name = 'meta'").fetchone()
+        if not exists:
+            return None
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0]) if row else None
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    def submit(self, record: Record) -> None:
+        with self._tx():
+            old = self._db.execute("SELECT state FROM evaluations WHERE id = ?", (record.id,)).fetchone()
+            if old and old[0] == "finished":
+                raise StoreError(f"evaluation {record.id} is already finished; it cannot run again")
+            self._db.execute(
+                "INSERT OR REPLACE INTO evaluations (id, state, tree, hash, origin, parents, submitted_at) "
+                "VALUES (?, 'running', ?, ?, ?, ?, ?)",
+                (
+                    record.id,
+                    record.tree,
+                    record.hash,
+                    record.origin,
+                    json.dumps(list(record.parents)),
+                    record.submitted_at if record.submitted_at is not None else time.time(),
+                ),
+            )
+
+    def finish(self, record: Record) -> Record:
+        if record.status not in ("ok", "failed", "cached"):
+            raise StoreError(f"evaluation {record.id}: status {record.status!r} is not ok, failed or cached")
+        with self._tx():
+            old = self._db.execute("SELECT state, submitted_at FROM evaluations WHERE id = ?", (record.id,))
+            row = old.fetchone()
+            if row and row[0] == "finished":
+                raise StoreError(f"evaluation {record.id} is already finished; finished records never change")
+            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM evaluations").fetchone()[0]
+            submitted = record.submitted_at if record.submitted_at is not None else (row[1] if row else None)
+            finished_at = record.finished_at if record.finished_at is not None else time.time()
+            self._db.execute(
+                f"INSERT OR REPLACE INTO evaluations ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+                (
+                    record.id,
+                    record.tree,
+                    record.hash,
+                    record.origin,
+                    json.dumps(list(record.parents)),
+                    "finished",
+                    record.status,
+                    _fitness_in(record.fitness),
+                    json.dumps(record.metrics),
+                    record.error,
+                    record.cached_from,
+                    submitted,
+                    finished_at,
+                    record.seconds,
+                    record.worker,
+                    seq,
+                ),
+            )
+        return self.get(record.id)  # type: ignore[return-value]
+
+    def _rows(self, where: str, args: tuple = ()) -> list[Record]:
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM evaluations {where}", args).fetchall()
+        return [
+            Record(
+                id=r[0],
+                tree=r[1],
+                hash=r[2],
+                origin=r[3],
+                parents=tuple(json.loads(r[4])),
+                state=r[5],
+                status=r[6],
+                fitness=r[7],
+                metrics=json.loads(r[8]) if r[8] else {},
+                error=r[9],
+                cached_from=r[10],
+                submitted_at=r[11],
+                finished_at=r[12],
+                seconds=r[13],
+                worker=r[14],
+                seq=r[15],
+            )
+            for r in rows
+        ]
+
+    def get(self, id: int) -> Record | None:
+        rows = self._rows("WHERE id = ?", (id,))
+        return rows[0] if rows else None
+
+    def find_hash(self, hash: str) -> Record | None:
+        rows = self._rows("WHERE hash = ? AND status IN ('ok', 'failed') ORDER BY seq LIMIT 1", (hash,))
+        return rows[0] if rows else None
+
+    def history(self) -> list[Record]:
+        return self._rows("WHERE state = 'finished' ORDER BY seq")
+
+    def running(self) -> list[Record]:
+        return self._rows("WHERE state = 'running' ORDER BY id")
+
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        text = json.dumps(state, allow_nan=False)
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO checkpoint VALUES (0, ?, ?)", (time.time(), text))
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT state FROM checkpoint WHERE id = 0").fetchone()
+        return json.loads(row[0]) if row else None
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def close(self) -> None:
+        self._db.close()
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor releases the lock
+            self._lock = None
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on an exception: one write, all or nothing."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if kind else "COMMIT")

@@ -1,0 +1,241 @@
+"""The ask/tell strategy contract, the search space strategies draw from, and the strategy registry.
+
+A strategy proposes candidates (`ask`) and hears their fitness (`tell`); it never sees a model, an
+executor or a store, so it can be tested with a dictionary as the "evaluator" and checkpointed as
+JSON. The run loop (`einspace.search.loop`) is the only place where strategy, executor and store meet.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from einspace.errors import EinspaceError
+from einspace.grammar.model import Grammar
+from einspace.sampler import Limits, Sampler
+from einspace.state import FeatureState
+from einspace.tree import Node, content_hash, parse_tree, to_text
+from einspace.variation import Variation
+
+__all__ = [
+    "Candidate",
+    "SearchSpace",
+    "Strategy",
+    "get_strategy",
+    "list_strategies",
+    "register_strategy",
+    "rng_from_json",
+    "rng_to_json",
+]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One architecture a strategy wants evaluated. `id`s are issued by the strategy, 0, 1, 2, ...,
+    so a resumed strategy re-issues exactly the ids (and trees) an interrupted one would have."""
+
+    id: int
+    tree: str  # canonical bracket text (`to_text`), never a pickled tree
+    hash: str  # `content_hash` of the tree: computed where the tree object is at hand (parsing is slow)
+    origin: str  # "sampled", "seed:<name>", "mutation" or "crossover"
+    parents: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tree": self.tree,
+            "hash": self.hash,
+            "origin": self.origin,
+            "parents": list(self.parents),
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Candidate:
+        return Candidate(int(data["id"]), data["tree"], data["hash"], data["origin"], tuple(data["parents"]))
+
+
+@dataclass
+class SearchSpace:
+    """What strategies sample and vary: a grammar, an input, limits, and optional seed trees
+    (name, bracket text) in the order they are cycled."""
+
+    grammar: Grammar
+    input: FeatureState
+    limits: Limits = field(default_factory=Limits)
+    seeds: list[tuple[str, str]] = field(default_factory=list)
+
+    def seed_trees(self) -> list[tuple[str, Node]]:
+        """The seeds parsed, once: a large seed's text takes milliseconds to parse."""
+        if not hasattr(self, "_seed_trees"):
+            self._seed_trees = [(name, parse_tree(text)) for name, text in self.seeds]
+        return self._seed_trees
+
+    def sampler(self, rng: random.Random) -> Sampler:
+        return Sampler(self.grammar, self.input, self.limits, rng=rng)
+
+    def variation(self, rng: random.Random) -> Variation:
+        return Variation(self.grammar, self.input, self.limits, rng=rng)
+
+
+def rng_to_json(rng: random.Random) -> list[Any]:
+    """The Mersenne Twister state as plain JSON (no pickle): [version, [625 ints], gauss_next]."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def rng_from_json(data: list[Any]) -> random.Random:
+    rng = random.Random()
+    rng.setstate((data[0], tuple(data[1]), data[2]))
+    return rng
+
+
+class Strategy(ABC):
+    """The ask/tell contract every strategy keeps (the strategy contract tests check each one):
+
+    - `ask()` returns the next `Candidate`, or None when it has nothing to propose right now
+      (budget used up, or waiting for results it needs, e.g. an empty population).
+    - `tell(id, fitness)` is called exactly once per asked id, in any order; fitness is maximised
+      and a failed evaluation is told as -inf. Telling an unknown or already-told id is an error.
+    - `pending()` lists the asked-but-untold candidates (to re-queue after a crash).
+    - `done` is true when the budget is used up and nothing is pending.
+    - `state_dict()` is JSON-able and complete (RNG included): a fresh strategy given
+      `load_state_dict(s.state_dict())` asks exactly what `s` would have asked.
+    - Strategies never import torch or ray, and never see the store or the executor.
+    """
+
+    name: ClassVar[str]
+    state_version: ClassVar[int] = 1
+
+    def __init__(self, space: SearchSpace, random_seed: int = 0, evaluations: int = 1000):
+        self.space = space
+        self.evaluations = _positive_int("evaluations", evaluations)
+        self.rng = random.Random(random_seed)
+        self.next_id = 0
+        self._pending: dict[int, Candidate] = {}
+        self._trees: dict[int, Node] = {}  # id -> parsed tree, for candidates a strategy may vary
+        self._bind_rng()
+
+    def _bind_rng(self) -> None:
+        """(Re)create the samplers on `self.rng`: after a restore they must draw from the restored stream."""
+        self.sampler = self.space.sampler(self.rng)
+        self.variation = self.space.variation(self.rng)
+
+    # ---------------------------------------------------------------- the contract
+    def ask(self) -> Candidate | None:
+        if self.next_id >= self.evaluations:
+            return None
+        proposal = self._propose()
+        if proposal is None:
+            return None
+        tree, origin, parents = proposal
+        text = to_text(tree)
+        candidate = Candidate(self.next_id, text, content_hash(tree), origin, parents)
+        self.next_id += 1
+        self._pending[candidate.id] = candidate
+        self._trees[candidate.id] = tree
+        return candidate
+
+    def tree_of(self, candidate_id: int, text: str) -> Node:
+        """The parsed tree of a candidate this strategy asked (parsed again only after a restore)."""
+        tree = self._trees.get(candidate_id)
+        if tree is None:
+            tree = self._trees[candidate_id] = parse_tree(text)
+        return tree
+
+    def forget(self, candidate_id: int) -> None:
+        """Drop a cached tree the strategy will not vary again."""
+        self._trees.pop(candidate_id, None)
+
+    def tell(self, candidate_id: int, fitness: float) -> None:
+        candidate = self._pending.pop(candidate_id, None)
+        if candidate is None:
+            raise EinspaceError(
+                f"strategy {self.name!r} was told about candidate {candidate_id}, not pending"
+            )
+        self._observe(candidate, float(fitness))
+
+    def pending(self) -> list[Candidate]:
+        return sorted(self._pending.values(), key=lambda c: c.id)
+
+    @property
+    def done(self) -> bool:
+        return self.next_id >= self.evaluations and not self._pending
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "version": self.state_version,
+            "rng": rng_to_json(self.rng),
+            "next_id": self.next_id,
+            "pending": [c.to_json() for c in self.pending()],
+            **self._extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("strategy") != self.name or state.get("version") != self.state_version:
+            raise EinspaceError(
+                f"checkpoint is for strategy {state.get('strategy')!r} version {state.get('version')}, "
+                f"not {self.name!r} version {self.state_version}"
+            )
+        self.rng = rng_from_json(state["rng"])
+        self.next_id = int(state["next_id"])
+        self._pending = {c.id: c for c in map(Candidate.from_json, state["pending"])}
+        self._trees = {}
+        self._load_extra_state(state)
+        self._bind_rng()
+
+    # ---------------------------------------------------------------- for subclasses
+    @abstractmethod
+    def _propose(self) -> tuple[Node, str, tuple[int, ...]] | None:
+        """(tree, origin, parent ids) for the next candidate, or None to wait."""
+
+    def _observe(self, candidate: Candidate, fitness: float) -> None:
+        """Hear one result; stateless strategies just forget the tree."""
+        self.forget(candidate.id)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise EinspaceError(f"strategy setting {name!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+_STRATEGIES: dict[str, type[Strategy]] = {}
+
+
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator: make a strategy available by its `name` (a duplicate is an error)."""
+    if cls.name in _STRATEGIES:
+        raise EinspaceError(f"a strategy named {cls.name!r} is already registered")
+    _STRATEGIES[cls.name] = cls
+    return cls
+
+
+def list_strategies() -> list[str]:
+    _load_builtin()
+    return sorted(_STRATEGIES)
+
+
+def get_strategy(
+    name: str, space: SearchSpace, random_seed: int = 0, settings: dict[str, Any] | None = None
+) -> Strategy:
+    """A strategy by registered name; unknown names and bad settings are errors naming them."""
+    _load_builtin()
+    if name not in _STRATEGIES:
+        raise EinspaceError(f"unknown strategy {name!r} (registered: {', '.join(sorted(_STRATEGIES))})")
+    try:
+        return _STRATEGIES[name](space, random_seed=random_seed, **(settings or {}))
+    except TypeError as exc:
+        raise EinspaceError(f"bad settings for strategy {name!r}: {exc}") from None
+
+
+def _load_builtin() -> None:
+    from einspace.search import evolution, random_search  # noqa: F401 - registers the built-ins

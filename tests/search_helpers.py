@@ -1,0 +1,53 @@
+"""Shared set-up for the search tests: a small experiment over the bundled grammar with a cheap evaluator."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from einspace.search.config import Experiment, parse_experiment
+
+PLUGIN = str(Path(__file__).with_name("search_plugins.py"))
+
+BASE: dict[str, Any] = {
+    "random_seed": 3,
+    "grammar": "einspace",
+    "input": {"shape": [3, 16, 16]},
+    "limits": {"max_depth": 12, "max_nodes": 80},
+    "evaluator": {"name": "test_params"},
+    "strategy": {
+        "name": "regularised_evolution",
+        "settings": {"evaluations": 40, "population": 10, "tournament": 3},
+    },
+    "plugins": [PLUGIN],
+    "executor": {"kind": "in_process"},
+}
+
+
+def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def experiment(run_dir: Path, strategy: dict[str, Any] | None = None, **changes: Any) -> Experiment:
+    """The base experiment with `changes` merged in (nested mappings merge key by key); a
+    `strategy` given here replaces the base one whole (other strategies take other settings)."""
+    raw = merge(BASE, {"run_dir": str(run_dir), **changes})
+    if strategy is not None:
+        raw["strategy"] = (
+            strategy
+            if "settings" not in strategy or "name" in strategy
+            else merge(BASE["strategy"], strategy)
+        )
+    return parse_experiment(raw, "test.yaml")
+
+
+def history_key(records: list) -> list[tuple]:
+    """What must agree between two runs of the same seed (timings and workers may differ)."""
+    return [(r.seq, r.id, r.tree, r.origin, r.parents, r.status, r.fitness, r.cached_from) for r in records]

@@ -1,0 +1,488 @@
+"""Lowering never changes results: a lowered network has the literal one's parameters and
+computes the same outputs and gradients, in train and eval mode, and the patterns do fire.
+
+Networks run in float64, so that agreement is tight even through deep random trees.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+from einspace import (
+    Limits,
+    Sampler,
+    Variation,
+    check_tree,
+    compile_backbone,
+    compile_network,
+    load_grammar,
+    parse_tree,
+)
+from einspace.checker import CheckedTree
+from einspace.errors import SamplingError
+from einspace.grammar.model import OpItem
+from einspace.lowering import Folded, Kernel, lowered_kernels
+from einspace.state import input_state
+from einspace.tree import Node, Terminal, walk
+
+PAPER = load_grammar("einspace")
+
+# ----------------------------------------------------------------------------- tree text helpers
+# Modules of grammars/einspace.pcfg as bracket text, so each case below reads like the network.
+
+
+def comp(op: str) -> str:
+    return f"(M (C {op}))"
+
+
+def lin(d: int) -> str:
+    return comp(f"linear(d={d})")
+
+
+def seq(*modules: str) -> str:
+    out = modules[-1]
+    for module in reversed(modules[:-1]):
+        out = f"(M {module} {out})"
+    return out
+
+
+def route(first: str, inner: str, last: str) -> str:
+    return f"(M (R1 {first}) {inner} (R2 {last}))"
+
+
+def branch(split: str, branches: list[str] | str, merge: str, times: int = 0) -> str:
+    inner = f"{branches}*{times}" if isinstance(branches, str) else f"[{' '.join(branches)}]"
+    return f"(M (B {split}) (Branches {inner}) (A {merge}))"
+
+
+def net(module: str) -> str:
+    return "(S" + module[2:]
+
+
+def im2col(k: int, s: int, p: int) -> str:
+    return f"im2col(k={k}, s={s}, p={p})"
+
+
+def conv(d: int, k: int = 3, s: int = 1, p: int = 1) -> str:
+    return route(im2col(k, s, p), lin(d), "col2im")
+
+
+SWAP = "permute(order=(2, 1))"
+
+
+def head(d: int, scaled: str = "true", outer: str = "false", q: str = "", k: str = "", v: str = "") -> str:
+    """softmax(q kᵀ) v with linear projections to d, unless another branch is given."""
+    keys = k or route("identity", lin(d), SWAP)
+    scores = seq(branch("clone(b=2)", [q or lin(d), keys], f"matmul(scaled={scaled})"), comp("softmax"))
+    return branch("clone(b=2)", [scores, v or lin(d)], f"matmul(scaled={outer})")
+
+
+def im2col_grid() -> list[tuple[int, int, int]]:
+    """Every (k, s, p) the paper grammar's im2col takes."""
+    grid = set()
+    for rule in PAPER.rules_for("R1"):
+        for alternative in rule.alternatives:
+            for item in alternative.items:
+                if isinstance(item, OpItem) and item.name == "im2col":
+                    grid |= {(a["k"], a["s"], a["p"]) for a in map(dict, item.choices)}
+    return sorted(grid)
+
+
+# ----------------------------------------------------------------------------- agreement
+
+
+def _pair(checked: CheckedTree) -> tuple[nn.Module, nn.Module]:
+    """(literal, lowered) with the same weights, after checking that their parameters match."""
+    literal = compile_backbone(checked, lower=False)
+    lowered = compile_backbone(checked)
+    assert not lowered_kernels(literal)
+    shapes = [(k, tuple(v.shape)) for k, v in literal.state_dict().items()]
+    assert [(k, tuple(v.shape)) for k, v in lowered.state_dict().items()] == shapes
+    assert [n for n, _ in literal.named_parameters()] == [n for n, _ in lowered.named_parameters()]
+    lowered.load_state_dict(literal.state_dict())
+    assert sum(p.numel() for p in lowered.parameters()) == checked.params
+    return literal.double(), lowered.double()
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, name: str, scaled: bool) -> None:
+    """torch's float64 tolerance, or with `scaled` a tolerance of 1e-4 of the tensor's largest
+    entry: random trees can be ill-conditioned (a batch norm of a nearly constant channel, in
+    a batch of 2, amplifies rounding by orders of magnitude), so summing in another order
+    differs visibly in float64 too, while a wrong lowering is off by O(1)."""
+    if scaled:
+        atol = 1e-4 * float(expected.detach().abs().max()) + 1e-10
+        torch.testing.assert_close(actual, expected, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
+    else:
+        torch.testing.assert_close(actual, expected, msg=lambda m: f"{name}: {m}")
+
+
+def assert_agree(checked: CheckedTree, batch: int = 3, seed: int = 0, scaled: bool = False) -> Counter[str]:
+    """Outputs, input and parameter gradients and norm statistics agree, train and eval mode;
+    returns the kernels the lowered network runs."""
+    literal, lowered = _pair(checked)
+    generator = torch.Generator().manual_seed(seed)
+    shape = checked.input[0].shape
+    for train in (True, False):
+        literal.train(train)
+        lowered.train(train)
+        x = torch.randn(batch, *shape, generator=generator, dtype=torch.float64)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        a, b = literal(xa), lowered(xb)
+        _close(b, a, "output", scaled)
+        cotangent = torch.randn(a.shape, generator=generator, dtype=torch.float64)
+        literal.zero_grad(set_to_none=True)
+        lowered.zero_grad(set_to_none=True)
+        (a * cotangent).sum().backward()
+        (b * cotangent).sum().backward()
+        _close(xb.grad, xa.grad, "input gradient", scaled)
+        for (name, p), (_, q) in zip(literal.named_parameters(), lowered.named_parameters(), strict=True):
+            assert (p.grad is None) == (q.grad is None), name
+            if p.grad is not None:
+                _close(q.grad, p.grad, f"gradient of {name}", scaled)
+        for (name, u), (_, v) in zip(literal.named_buffers(), lowered.named_buffers(), strict=True):
+            _close(v, u, name, scaled)
+    # Kernels refer to modules they adopted; a deep copy must refer to its own copies of them:
+    # scaled alike, the copies of both networks still agree.
+    duplicate, twin = copy.deepcopy(lowered), copy.deepcopy(literal)
+    assert not {id(p) for p in duplicate.parameters()} & {id(p) for p in lowered.parameters()}
+    with torch.no_grad():
+        for p, q in zip(duplicate.parameters(), twin.parameters(), strict=True):
+            p.mul_(1.5)
+            q.mul_(1.5)
+        _close(duplicate(x), twin(x), "output of a deep copy", scaled)
+    return lowered_kernels(lowered)
+
+
+def check(tree: str, shape: tuple[int, ...]) -> CheckedTree:
+    return check_tree(parse_tree(tree), PAPER, input_state(shape))
+
+
+# ----------------------------------------------------------------------------- hand-written patterns
+
+
+@pytest.mark.parametrize("k,s,p", im2col_grid())
+@pytest.mark.parametrize("fold", [True, False], ids=["image", "tokens"])
+def test_every_im2col_lowers_to_a_convolution(k, s, p, fold):
+    shape = (2, 18, 21) if k < 16 else (2, 33, 40)  # non-square; the last rows/columns may not fit
+    tree = net(route(im2col(k, s, p), lin(16), "col2im" if fold else "identity"))
+    assert assert_agree(check(tree, shape)) == Counter({"conv" if fold else "patch_embed": 1})
+
+
+CASES = {
+    # convolutions in context: after norm, nested in other nestings, on permuted images
+    "conv_norm_act": (
+        net(seq(conv(16), comp("norm"), comp("leaky_relu"), conv(32, 3, 2, 1))),
+        (3, 12, 10),
+        {"conv": 2},
+    ),
+    "conv_split_differently": (
+        net(seq(route(im2col(3, 1, 1), seq(lin(16), comp("identity")), "col2im"), comp("norm"))),
+        (3, 9, 11),
+        {"conv": 1},
+    ),
+    "conv_of_permuted_image": (
+        net(route("permute(order=(2, 1, 3))", conv(16), "permute(order=(2, 1, 3))")),
+        (4, 6, 10),
+        {"conv": 1},
+    ),
+    "linear_then_act_stays_tokens": (
+        net(route(im2col(3, 1, 1), seq(lin(16), comp("leaky_relu")), "col2im")),
+        (3, 7, 9),
+        {"patch_embed": 1},
+    ),
+    "residual_conv_block": (
+        net(
+            seq(
+                branch("clone(b=2)", [seq(conv(16), comp("norm")), conv(16, 1, 1, 0)], "add"),
+                comp("leaky_relu"),
+            )
+        ),
+        (3, 10, 8),
+        {"conv": 2},
+    ),
+    # attention on tokens (L = 12, D = 32)
+    "attention": (net(head(16)), (12, 32), {"attention": 1}),
+    "attention_unscaled": (net(head(16, scaled="false")), (12, 32), {"attention": 1}),
+    "attention_outer_scaled": (net(head(16, outer="true")), (12, 32), {"attention": 1}),
+    "attention_key_split": (
+        net(head(16, k=seq(lin(16), route("identity", comp("identity"), SWAP)))),
+        (12, 32),
+        {"attention": 1},
+    ),
+    "attention_key_permute_first_nest": (
+        net(head(16, k=seq(lin(16), route(SWAP, comp("identity"), "identity")))),
+        (12, 32),
+        {"attention": 1},
+    ),
+    "attention_query_with_act": (
+        net(head(16, q=seq(lin(16), comp("leaky_relu")))),
+        (12, 32),
+        {"attention": 1},
+    ),
+    "attention_identity_value": (net(head(16, v=comp("identity"))), (12, 32), {"attention": 1}),
+    "attention_no_projections": (
+        net(head(16, q=comp("identity"), k=route("identity", comp("identity"), SWAP), v=comp("identity"))),
+        (12, 32),
+        {"attention": 1},
+    ),
+    "attention_normed_scores": (
+        net(
+            branch(
+                "clone(b=2)",
+                [
+                    seq(
+                        comp("norm"),
+                        branch(
+                            "clone(b=2)", [lin(16), route("identity", lin(16), SWAP)], "matmul(scaled=true)"
+                        ),
+                        comp("softmax"),
+                    ),
+                    lin(32),
+                ],
+                "matmul(scaled=false)",
+            )
+        ),
+        (12, 32),
+        {"attention": 1},
+    ),
+    "attention_over_image_rows": (
+        net(
+            head(
+                16,
+                k=route("identity", lin(16), "permute(order=(1, 3, 2))"),
+            )
+        ),
+        (3, 8, 6),
+        {"attention": 1},
+    ),
+    "attention_residual_norm": (
+        net(seq(branch("clone(b=2)", [head(32), comp("identity")], "add"), comp("norm"))),
+        (12, 32),
+        {"attention": 1},
+    ),
+    # multi-head attention
+    "heads_4_concat_features": (
+        net(seq(branch("clone(b=4)", head(16), "concat(dim=2, b=4)", 4), lin(32))),
+        (12, 32),
+        {"multi_head_attention": 1},
+    ),
+    "heads_8_concat_features": (
+        net(branch("clone(b=8)", head(16, scaled="false"), "concat(dim=2, b=8)", 8)),
+        (10, 16),
+        {"multi_head_attention": 1},
+    ),
+    "heads_concat_sequence": (
+        net(branch("clone(b=4)", head(16, outer="true"), "concat(dim=1, b=4)", 4)),
+        (12, 32),
+        {"multi_head_attention": 1},
+    ),
+    "heads_add": (net(branch("clone(b=4)", head(16), "add", 4)), (12, 32), {"multi_head_attention": 1}),
+    "heads_2_parallel": (
+        net(branch("clone(b=2)", [head(16), head(16)], "concat(dim=2, b=2)")),
+        (12, 32),
+        {"multi_head_attention": 1},
+    ),
+    "heads_2_of_two_widths": (
+        net(branch("clone(b=2)", [head(16), head(32)], "concat(dim=2, b=2)")),
+        (12, 32),
+        {"attention": 2},
+    ),
+    "heads_without_plain_projections": (
+        net(branch("clone(b=4)", head(16, v=comp("identity")), "concat(dim=2, b=4)", 4)),
+        (12, 32),
+        {"attention": 4},
+    ),
+    # repeated linear branches
+    "linears_concat_features": (
+        net(branch("clone(b=4)", lin(16), "concat(dim=2, b=4)", 4)),
+        (12, 32),
+        {"branch_linear": 1},
+    ),
+    "linears_concat_sequence": (
+        net(branch("clone(b=8)", lin(16), "concat(dim=1, b=8)", 8)),
+        (6, 32),
+        {"branch_linear": 1},
+    ),
+    "linears_add": (net(branch("clone(b=4)", lin(64), "add", 4)), (12, 32), {"branch_linear": 1}),
+    "linears_two_widths": (
+        net(branch("clone(b=2)", [lin(16), lin(32)], "concat(dim=2, b=2)")),
+        (12, 32),
+        {"branch_linear": 1},
+    ),
+    "channel_linears_concat": (
+        net(branch("clone(b=4)", lin(16), "concat(dim=1, b=4)", 4)),
+        (3, 7, 5),
+        {"branch_linear": 1},
+    ),
+    "channel_linears_add": (net(branch("clone(b=8)", lin(16), "add", 8)), (3, 7, 5), {"branch_linear": 1}),
+    "linears_inside_im2col": (
+        net(route(im2col(3, 1, 1), branch("clone(b=4)", lin(16), "add", 4), "col2im")),
+        (3, 6, 7),
+        {"branch_linear": 1},
+    ),
+    # what is not recognised runs literally
+    "attention_without_softmax": (
+        net(
+            branch(
+                "clone(b=2)",
+                [
+                    branch("clone(b=2)", [lin(16), route("identity", lin(16), SWAP)], "matmul(scaled=true)"),
+                    lin(16),
+                ],
+                "matmul(scaled=false)",
+            )
+        ),
+        (12, 32),
+        {},
+    ),
+    "channel_linears_concat_height": (
+        net(branch("clone(b=4)", lin(16), "concat(dim=2, b=4)", 4)),
+        (3, 7, 5),
+        {},
+    ),
+    "matmul_of_linears": (
+        net(branch("clone(b=2)", [lin(16), route("identity", lin(16), SWAP)], "matmul(scaled=true)")),
+        (12, 32),
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_pattern_agrees_and_fires(name):
+    tree, shape, kernels = CASES[name]
+    assert assert_agree(check(tree, shape)) == Counter(kernels)
+
+
+def test_lowered_network_reads_like_the_literal_one():
+    """The tree, its checked facts and the network's head do not depend on lowering; the
+    kernels' slots hold markers without parameters; copies and the state dict work both ways."""
+    checked = check(net(seq(conv(16), comp("norm"), comp("leaky_relu"))), (3, 8, 8))
+    literal = compile_network(checked, classes=5, lower=False)
+    lowered = compile_network(checked, classes=5)
+    literal.load_state_dict(lowered.state_dict())
+    lowered.load_state_dict(literal.state_dict())
+    assert lowered_kernels(lowered) == Counter({"conv": 1})
+    folded = [m for m in lowered.modules() if isinstance(m, Folded)]
+    assert len(folded) == 2 and all(not list(m.parameters()) for m in folded)
+    duplicate = copy.deepcopy(lowered)
+    x = torch.randn(2, 3, 8, 8)
+    lowered.eval()
+    duplicate.eval()
+    torch.testing.assert_close(duplicate(x), lowered(x))
+    kernel = next(m for m in duplicate.modules() if isinstance(m, Kernel))
+    assert kernel.weight is not next(m for m in lowered.modules() if isinstance(m, Kernel)).weight
+
+
+def test_meta_device_build_and_forward():
+    """Lowered networks build and run on `meta` (shapes only), as the property tests do."""
+    checked = check(net(seq(branch("clone(b=4)", head(16), "concat(dim=2, b=4)", 4), lin(32))), (12, 32))
+    with torch.device("meta"):
+        backbone = compile_backbone(checked)
+        out = backbone(torch.empty(2, 12, 32))
+    assert out.shape == (2, 12, 32) and lowered_kernels(backbone)["multi_head_attention"] == 1
+
+
+# ----------------------------------------------------------------------------- seeds
+
+#: What must fire in each bundled seed (a silent fallback to literal execution fails here).
+SEED_KERNELS = {
+    "resnet18": {"conv": 21},
+    "wide_resnet16_4": {"conv": 16},
+    "vit": {"multi_head_attention": 4, "patch_embed": 1},
+    "mlp_mixer": {"patch_embed": 1},
+    "densenet": {"conv": 39},
+}
+
+
+def _seed_names() -> list[str]:
+    try:
+        from einspace.seeds import list_seeds
+    except ImportError:
+        return []
+    return list_seeds()
+
+
+@pytest.mark.parametrize("name", _seed_names() or [pytest.param("none", marks=pytest.mark.skip("no seeds"))])
+def test_seed_lowers_and_agrees(name):
+    from einspace.seeds import load_seed
+
+    checked = check_tree(load_seed(name, PAPER, input_state((3, 64, 64))), PAPER, input_state((3, 64, 64)))
+    kernels = assert_agree(checked, batch=2)
+    assert kernels == Counter(SEED_KERNELS.get(name, kernels))
+
+
+def test_every_expected_seed_is_bundled():
+    assert set(SEED_KERNELS) <= set(_seed_names())
+
+
+# ----------------------------------------------------------------------------- random trees
+
+RANDOM_INPUTS = [(3, 16, 16), (2, 12, 20), (16, 32), (3, 9, 14)]
+RANDOM_LIMITS = Limits(max_depth=14, max_nodes=90, max_params=300_000)
+MUTATION_LIMITS = Limits(max_depth=30, max_nodes=600, max_params=300_000)
+
+
+def _small(checked: CheckedTree) -> bool:
+    """Cheap to run literally: few FLOPs and few module instances (nested repeats multiply
+    them: the tree limits count nodes, not the copies a repeat makes)."""
+    instances = sum(checked.facts[p].copies for p, n in walk(checked.tree) if isinstance(n, Terminal))
+    return checked.flops <= 2e7 and instances <= 500
+
+
+def _random_trees(count: int) -> list[CheckedTree]:
+    """`count` small sampled trees (deterministic), cheap enough to run literally in float64."""
+    trees: list[CheckedTree] = []
+    seed = 0
+    while len(trees) < count:
+        shape = RANDOM_INPUTS[seed % len(RANDOM_INPUTS)]
+        x = input_state(shape)
+        seed += 1
+        try:
+            tree = Sampler(PAPER, x, RANDOM_LIMITS, random_seed=seed).sample()
+        except SamplingError:
+            continue
+        checked = check_tree(tree, PAPER, x)
+        if _small(checked):
+            trees.append(checked)
+    return trees
+
+
+def test_random_trees_agree():
+    """~100 sampled trees: lowering never changes outputs or gradients. (The paper's grammar
+    rarely derives a whole pattern by chance; the mutated seeds below are the near misses.)"""
+    fired: Counter[str] = Counter()
+    for checked in _random_trees(100):
+        fired += assert_agree(checked, batch=2, scaled=True)
+    assert sum(fired.values()) >= 5, fired
+
+
+def _small_seeds() -> dict[str, Node]:
+    """The seeds' architectures at a size that runs literally in milliseconds, for 3×16×16."""
+    arch = pytest.importorskip("einspace.architectures")
+    return {
+        "resnet": arch.resnet((1, 1), (16, 32)),
+        "vit": arch.vit(layers=1, width=32, heads=4, head_dim=16, hidden=32, patch=4),
+        "mixer": arch.mlp_mixer(layers=1, width=32, patch=4, tokens=16),
+    }
+
+
+def test_mutated_seeds_agree():
+    """30 mutants of each small seed: patterns partly rewritten, broken or kept, still equal."""
+    x = input_state((3, 16, 16))
+    fired: Counter[str] = Counter()
+    for name, tree in _small_seeds().items():
+        fired += assert_agree(check_tree(tree, PAPER, x), batch=2)
+        variation = Variation(PAPER, x, MUTATION_LIMITS, rng=random.Random(name))
+        for _ in range(30):
+            checked = check_tree(variation.mutate(tree), PAPER, x)
+            if _small(checked):
+                fired += assert_agree(checked, batch=2, scaled=True)
+    for kind in ("conv", "patch_embed", "attention", "multi_head_attention"):
+        assert fired[kind] >= 3, fired

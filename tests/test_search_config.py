@@ -1,0 +1,79 @@
+"""Experiment files: every bad input has a message that names the key (one table, one test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from search_helpers import BASE, PLUGIN, experiment, merge
+
+from einspace.search.config import ConfigError, load_experiment, parse_experiment
+
+BAD = [
+    ({"strategy": {"settings": {"populaton": 5}}}, "populaton"),
+    ({"evaluater": {}}, "unknown key 'evaluater'"),
+    ({"executor": {"num_gpu": 1}}, "unknown key 'executor.num_gpu'"),
+    ({"executor": {"num_gpus": "one"}}, "executor.num_gpus must be a number, got str"),
+    ({"executor": {"max_in_flight": True}}, "executor.max_in_flight must be an integer"),
+    ({"executor": {"max_in_flight": 0}}, "executor.max_in_flight must be positive"),
+    ({"executor": {"kind": "slurm"}}, "executor.kind must be 'ray' or 'in_process'"),
+    ({"executor": {"timeout_s": -1}}, "executor.timeout_s must be positive"),
+    ({"input": {"shape": "3x32x32"}}, "input.shape must be a list"),
+    ({"input": {"shape": [3, 0, 32]}}, "input.shape must be a list of positive integers"),
+    ({"input": {"mode": "image"}}, "input.mode must be 'im' or 'col'"),
+    ({"random_seed": 1.5}, "random_seed must be an integer"),
+    ({"limits": {"max_depth": "deep"}}, "limits.max_depth must be an integer"),
+    ({"limits": {"max_depth": 0}}, "max_depth"),
+    ({"evaluator": {"name": "no_such_evaluator"}}, "unknown evaluator 'no_such_evaluator'"),
+    ({"evaluator": {"settings": {"bogus": 1}}}, "bad settings for evaluator 'test_params'"),
+    ({"strategy": {"name": "annealing"}}, "unknown strategy 'annealing'"),
+    ({"seeds": ["no_such_seed"]}, "no_such_seed"),
+    ({"seeds": [3]}, r"seeds\[0\] must be a string"),
+    ({"plugins": ["no.such.module"]}, "plugin module 'no.such.module'"),
+    ({"grammar": "no_such_grammar"}, "no_such_grammar"),
+    ({"input": {"shape": [3, 2, 2]}, "seeds": ["vit"]}, "seed 'vit'"),
+]
+
+
+@pytest.mark.parametrize("changes, message", BAD, ids=[m for _, m in BAD])
+def test_config_errors_name_the_key(changes, message, tmp_path):
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_experiment(merge(BASE, changes), "exp.yaml")
+    assert str(info.value).startswith("exp.yaml")
+
+
+def test_missing_required_key():
+    raw = merge(BASE, {})
+    del raw["evaluator"]["name"]
+    with pytest.raises(ConfigError, match="missing key 'evaluator.name'"):
+        parse_experiment(raw, "exp.yaml")
+
+
+def test_defaults_are_filled_in(tmp_path):
+    e = experiment(tmp_path)
+    assert e["executor"]["num_gpus"] == 0 and e["limits"]["max_params"] is None
+    assert e["strategy"]["settings"]["population"] == 10
+
+
+def test_yaml_file_relative_paths_and_default_run_dir(tmp_path):
+    (tmp_path / "my.tree").write_text(
+        (Path(__file__).parent.parent / "grammars/seeds/resnet18.tree").read_text()
+    )
+    raw = merge(BASE, {"seeds": ["my.tree", "resnet18"], "plugins": [PLUGIN]})
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    e = load_experiment(tmp_path / "exp.yaml")
+    assert e["seeds"][0] == str((tmp_path / "my.tree").resolve()) and e["seeds"][1] == "resnet18"
+    assert e["name"] == "exp" and e.run_dir == Path("runs/exp")
+    assert [name for name, _ in e.space().seeds] == ["my", "resnet18"]
+
+
+def test_unreadable_and_invalid_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_experiment(tmp_path / "absent.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_experiment(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_experiment(tmp_path / "list.yaml")

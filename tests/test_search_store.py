@@ -1,0 +1,126 @@
+"""The storage contract, run against every store implementation."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+
+import pytest
+
+from einspace.search.store import SCHEMA_VERSION, Record, SQLiteStore, StoreError
+
+STORES = {"sqlite": lambda path: SQLiteStore(path / "search.sqlite")}
+
+
+@pytest.fixture(params=sorted(STORES))
+def open_store(request, tmp_path):
+    return lambda: STORES[request.param](tmp_path)
+
+
+def rec(i: int, h: str = "h", **kw) -> Record:
+    return Record(i, f"(S (C t{i}))", h + str(i) if h == "h" else h, "sampled", (), **kw)
+
+
+def test_running_then_finished_in_finishing_order(open_store):
+    store = open_store()
+    store.submit(rec(0))
+    store.submit(rec(1))
+    assert [r.id for r in store.running()] == [0, 1]
+    store.finish(rec(1, status="ok", fitness=2.0, metrics={"fitness": 2.0, "acc": 0.5}))
+    store.finish(rec(0, status="failed", fitness=-math.inf, error="boom"))
+    history = store.history()
+    assert [(r.id, r.seq, r.status) for r in history] == [(1, 1, "ok"), (0, 2, "failed")]
+    assert history[0].metrics == {"fitness": 2.0, "acc": 0.5}
+    assert history[1].fitness == -math.inf and history[1].error == "boom"
+    assert store.running() == []
+
+
+def test_finished_records_never_change(open_store):
+    store = open_store()
+    store.finish(rec(0, status="ok", fitness=1.0))
+    with pytest.raises(StoreError, match="already finished"):
+        store.finish(rec(0, status="ok", fitness=2.0))
+    with pytest.raises(StoreError, match="already finished"):
+        store.submit(rec(0))
+    assert store.get(0).fitness == 1.0
+
+
+def test_running_records_can_be_resubmitted(open_store):
+    store = open_store()
+    store.submit(rec(0))
+    store.submit(rec(0))
+    assert len(store.running()) == 1
+
+
+def test_bad_status_is_refused(open_store):
+    with pytest.raises(StoreError, match="status"):
+        open_store().finish(rec(0, status="weird", fitness=1.0))
+
+
+def test_find_hash_returns_the_evaluated_record_not_a_copy(open_store):
+    store = open_store()
+    store.finish(rec(0, h="same", status="ok", fitness=1.0))
+    store.finish(rec(1, h="same", status="cached", fitness=1.0, cached_from=0))
+    assert store.find_hash("same").id == 0
+    assert store.find_hash("other") is None
+
+
+def test_checkpoint_and_meta_round_trip_and_persist(open_store):
+    store = open_store()
+    assert store.load_checkpoint() is None
+    store.save_checkpoint({"a": [1, 2], "b": None})
+    store.save_checkpoint({"a": [3]})
+    store.set_meta("k", "v")
+    store.finish(rec(0, status="ok", fitness=0.5))
+    store.close()
+    again = open_store()
+    assert again.load_checkpoint() == {"a": [3]}
+    assert again.get_meta("k") == "v" and again.get(0).fitness == 0.5
+
+
+def test_checkpoint_must_be_plain_json(open_store):
+    with pytest.raises(ValueError):
+        open_store().save_checkpoint({"x": float("nan")})
+
+
+def test_newer_schema_is_refused(tmp_path):
+    SQLiteStore(tmp_path / "s.sqlite").close()
+    db = sqlite3.connect(tmp_path / "s.sqlite")
+    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="newer"):
+        SQLiteStore(tmp_path / "s.sqlite")
+
+
+def test_a_file_that_is_not_a_store_is_refused(tmp_path):
+    (tmp_path / "s.sqlite").write_text("not a database, just text " * 100)
+    with pytest.raises(StoreError, match="not an einspace results store"):
+        SQLiteStore(tmp_path / "s.sqlite")
+
+
+def test_version_1_store_written_by_sql_opens(tmp_path):
+    """An old (version 1) store, built from literal SQL rather than this code, still reads."""
+    db = sqlite3.connect(tmp_path / "old.sqlite")
+    from einspace.search.store import _SCHEMA
+
+    db.executescript(_SCHEMA)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.execute(
+        "INSERT INTO evaluations (id, state, status, tree, hash, origin, parents, fitness, metrics, seq) "
+        "VALUES (0, 'finished', 'ok', '(S (C relu))', 'abc', 'sampled', '[]', 0.25, '{}', 1)"
+    )
+    db.commit()
+    db.close()
+    store = SQLiteStore(tmp_path / "old.sqlite")
+    assert [(r.id, r.fitness, r.tree) for r in store.history()] == [(0, 0.25, "(S (C relu))")]
+
+
+def test_one_writer_per_run(tmp_path):
+    writer = SQLiteStore(tmp_path / "s.sqlite", writer=True)
+    with pytest.raises(StoreError, match="another search is running"):
+        SQLiteStore(tmp_path / "s.sqlite", writer=True)
+    reader = SQLiteStore(tmp_path / "s.sqlite")  # a report may read while a search writes
+    reader.close()
+    writer.close()
+    SQLiteStore(tmp_path / "s.sqlite", writer=True).close()

@@ -1,0 +1,175 @@
+"""The training evaluator: learns on real data, is deterministic by seed, and turns failures into results."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import einspace as es
+from einspace.errors import EinspaceError
+from einspace.evaluators.base import Task, get_evaluator, list_evaluators, run_task
+from einspace.evaluators.objectives import Classification
+from einspace.evaluators.optim import build_optimizer, parameter_groups
+from einspace.evaluators.training import final_evaluation
+
+#: conv3x3 (16) - batch norm - leaky ReLU - a fully connected layer over the whole 8x8 map.
+TINY = (
+    "(S (M (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=16))) (R2 col2im))"
+    " (M (M (C norm)) (M (M (C leaky_relu))"
+    " (M (R1 im2col(k=8, s=8, p=0)) (M (C linear(d=32))) (R2 col2im)))))"
+)
+#: Quick settings: one epoch on 512 digits, one thread (stable timings when cores are shared).
+QUICK = {"epochs": 1, "batch_size": 32, "train_subset": 512, "threads": 1}
+
+
+def _task(settings: dict | None = None, seed: int = 0, shape: tuple[int, ...] = (1, 8, 8), tree: str = TINY):
+    return Task(tree, "einspace", shape, "training", {**QUICK, **(settings or {})}, random_seed=seed)
+
+
+def test_one_epoch_beats_chance_and_is_deterministic_by_seed() -> None:
+    first, again, other = run_task(_task()), run_task(_task()), run_task(_task(seed=1))
+    assert first.ok, first.error
+    assert first.fitness > 0.5  # chance is 0.1
+    assert first.metrics["valid_accuracy"] == first.fitness
+    assert {"train_loss", "valid_loss", "params", "flops", "seconds"} <= set(first.metrics)
+    same = {k: v for k, v in first.metrics.items() if k != "seconds"}
+    assert same == {k: v for k, v in again.metrics.items() if k != "seconds"}
+    assert other.metrics["train_loss"] != first.metrics["train_loss"]
+    assert "training" in list_evaluators() and "naswot" in list_evaluators()
+
+
+@pytest.mark.parametrize(
+    "settings, task_changes, reason",
+    [
+        ({"lr": 1e9}, {}, "training loss became (nan|inf)"),
+        ({"max_params": 1000}, {}, "over budget: .* network parameters exceed the budget of 1,000"),
+        ({"max_flops": 10}, {}, "over budget: .* FLOPs"),
+        ({"max_activation_mb": 0.01}, {}, "over budget: .* MiB of activations for a batch of 32"),
+        ({"max_seconds": 1e-6}, {}, "time budget of 1e-06 s exceeded in epoch 1 of 1"),
+        ({}, {"shape": (3, 8, 8)}, "does not match dataset 'digits'"),
+        ({"dataset": "adddigits"}, {}, r"does not match dataset 'adddigits'.*3x8x8"),
+        ({"epoch": 1}, {}, "unknown setting 'epoch' .*did you mean 'epochs'"),
+        ({"schedule": "linear"}, {}, "schedule must be cosine, step or constant"),
+        ({"lr": "1.0e9"}, {}, r"setting lr must be a number >= 0, got '1.0e9' \(YAML reads"),
+        (
+            {"metric": "relative_l2"},
+            {},
+            "metric 'relative_l2' does not fit dataset 'digits', a classification",
+        ),
+        ({"param_groups": {"weights": {"lr": 1}}}, {}, "unknown option.*lr_scale"),
+        ({}, {"tree": "(S (M (C linear(d=16))) (M (C nope)))"}, "unknown operation"),
+    ],
+)
+def test_failures_are_results_with_reasons(settings: dict, task_changes: dict, reason: str) -> None:
+    result = run_task(_task(settings, **task_changes))
+    assert not result.ok and result.fitness == -math.inf
+    assert result.error is not None
+    assert re.search(reason, result.error), result.error
+
+
+def test_over_budget_trees_are_never_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("compile_network called for an over-budget tree")
+
+    monkeypatch.setattr("einspace.evaluators.objectives.compile_network", refuse)
+    monkeypatch.setattr("einspace.evaluators.objectives.compile_backbone", refuse)
+    result = run_task(_task({"max_params": 10}))
+    assert not result.ok and "over budget" in result.error
+
+
+def test_channels_last_path_runs_on_cpu() -> None:
+    """The memory-format path that CUDA takes by default, forced on CPU: same results."""
+    plain, channels_last = run_task(_task()), run_task(_task({"channels_last": True}))
+    assert channels_last.ok, channels_last.error
+    assert channels_last.fitness == pytest.approx(plain.fitness, abs=0.02)
+
+
+class _Exhausting(nn.Module):
+    """Stands in for a network too large for the device: its forward pass fails to allocate."""
+
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.linear = nn.Linear(1, 1)
+        self.error = error
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+        RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
+    ],
+    ids=["cuda", "host"],
+)
+def test_out_of_memory_is_a_failed_result(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    monkeypatch.setattr(Classification, "build", lambda *a, **k: _Exhausting(error))
+    result = run_task(_task())
+    assert not result.ok and result.error.startswith("out of memory on cpu:"), result.error
+
+
+def test_other_crashes_are_failed_results_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Classification, "build", lambda *a, **k: _Exhausting(RuntimeError("boom")))
+    result = run_task(_task())
+    assert not result.ok and result.error == "evaluator crashed: RuntimeError: boom"
+
+
+def test_final_evaluation_reports_test_accuracy() -> None:
+    metrics = final_evaluation(es.parse_tree(TINY), "digits", "einspace", {"epochs": 1, "threads": 1})
+    assert metrics["test_accuracy"] > 0.5 and metrics["epochs"] == 1
+    assert set(metrics) >= {"test_accuracy", "test_loss", "train_loss", "params"}
+
+
+def test_schedules_and_step_decay() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    common = dict(lr=1.0, momentum=0.9, weight_decay=0.0, nesterov=False, gamma=0.1, milestones=(0.5, 0.75))
+    _, cosine = build_optimizer(model, schedule="cosine", steps_per_epoch=10, epochs=1, **common)
+    _, step = build_optimizer(model, schedule="step", steps_per_epoch=10, epochs=1, **common)
+    lrs = {"cosine": [], "step": []}
+    for name, scheduler in (("cosine", cosine), ("step", step)):
+        for _ in range(10):
+            lrs[name].append(scheduler.get_last_lr()[0])
+            scheduler.optimizer.step()
+            scheduler.step()
+    assert lrs["cosine"][0] == 1.0 and lrs["cosine"][-1] < 0.05
+    assert lrs["step"] == pytest.approx([1.0] * 5 + [0.1] * 3 + [0.01] * 2)
+
+
+def test_parameter_groups_by_kind_and_overrides() -> None:
+    """Weights, norm/bias, and a future architecture parameter that declares its own group."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    alpha = nn.Parameter(torch.zeros(3))
+    alpha.einspace_group = "architecture"
+    model.register_parameter("alpha", alpha)
+    groups = parameter_groups(model)
+    assert [len(groups[k]) for k in ("weights", "norm_bias", "architecture")] == [1, 3, 1]
+    overrides = {"architecture": {"lr_scale": 0.1, "weight_decay": 0.0, "warmup_epochs": 1}}
+    optimizer, scheduler = build_optimizer(
+        model, lr=0.5, momentum=0.9, weight_decay=1e-3, nesterov=False, schedule="constant",
+        milestones=(), gamma=0.1, steps_per_epoch=4, epochs=2, overrides=overrides,
+    )  # fmt: skip
+    by_name = {g["name"]: g for g in optimizer.param_groups}
+    assert by_name["weights"]["weight_decay"] == 1e-3 and by_name["architecture"]["weight_decay"] == 0.0
+    assert by_name["weights"]["lr"] == 0.5
+    assert by_name["architecture"]["lr"] == pytest.approx(0.05 * 0.25)  # warm-up: step 1 of 4
+
+
+def test_settings_errors_name_the_setting() -> None:
+    with pytest.raises(EinspaceError, match="setting epochs must be a positive integer"):
+        get_evaluator("training", {"epochs": 0})
+    with pytest.raises(EinspaceError, match="unknown evaluator 'trainig'"):
+        get_evaluator("trainig")
+
+
+@pytest.mark.gpu
+def test_training_on_gpu_with_mixed_precision() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    result = run_task(_task({"device": "cuda", "amp": True, "threads": None}))
+    assert result.ok and result.fitness > 0.5, result.error
