@@ -7,9 +7,9 @@ which seed does not fit which input, and where.
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
+from einspace.bundled import bundled_files, resolve
 from einspace.checker import check_tree
 from einspace.errors import EinspaceError, TreeError
 from einspace.grammar.model import Grammar
@@ -20,10 +20,7 @@ __all__ = ["list_seeds", "load_seed", "seed_description", "seed_path"]
 
 
 def _bundled() -> dict[str, Path]:
-    folder = resources.files("einspace.grammars").joinpath("seeds")
-    if not folder.is_dir():
-        return {}
-    return {Path(str(f)).stem: Path(str(f)) for f in folder.iterdir() if str(f).endswith(".tree")}
+    return bundled_files("seeds", ".tree")
 
 
 def list_seeds() -> list[str]:
@@ -33,14 +30,7 @@ def list_seeds() -> list[str]:
 
 def seed_path(name_or_path: str | Path) -> Path:
     """The tree file of a seed: the path itself when it is a file, else the bundled seed of that name."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    bundled = _bundled()
-    if str(name_or_path) in bundled:
-        return bundled[str(name_or_path)]
-    names = ", ".join(sorted(bundled)) or "none"
-    raise EinspaceError(f"no seed or tree file {str(name_or_path)!r} (bundled seeds: {names})")
+    return resolve(name_or_path, _bundled(), "seed or tree", "seeds")
 
 
 def seed_description(name_or_path: str | Path) -> str:

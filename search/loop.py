@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from einspace.errors import EinspaceError
 from einspace.search.config import Experiment
@@ -99,21 +100,22 @@ def run_search(
         if on_result is not None:
             on_result(record, strategy)
 
+    def finish(candidate: Candidate, digest: str, **outcome: Any) -> Record:
+        """Commit a candidate's finished record (before the strategy hears of it)."""
+        return store.finish(
+            Record(candidate.id, candidate.tree, digest, candidate.origin, candidate.parents, **outcome)
+        )
+
     def finish_cached(candidate: Candidate, digest: str, original: Record) -> None:
-        record = store.finish(
-            Record(
-                candidate.id,
-                candidate.tree,
-                digest,
-                candidate.origin,
-                candidate.parents,
-                status="cached",
-                fitness=original.fitness,
-                metrics=original.metrics,
-                error=original.error,
-                cached_from=original.id,
-                seconds=0.0,
-            )
+        record = finish(
+            candidate,
+            digest,
+            status="cached",
+            fitness=original.fitness,
+            metrics=original.metrics,
+            error=original.error,
+            cached_from=original.id,
+            seconds=0.0,
         )
         summary.cached += 1
         tell(candidate, record)
@@ -148,20 +150,15 @@ def run_search(
         candidate, digest = in_flight.pop(done.key)
         del by_hash[digest]
         r = done.result
-        record = store.finish(
-            Record(
-                candidate.id,
-                candidate.tree,
-                digest,
-                candidate.origin,
-                candidate.parents,
-                status=r.status,
-                fitness=r.fitness,
-                metrics=r.metrics,
-                error=r.error,
-                seconds=r.seconds,
-                worker=done.worker,
-            )
+        record = finish(
+            candidate,
+            digest,
+            status=r.status,
+            fitness=r.fitness,
+            metrics=r.metrics,
+            error=r.error,
+            seconds=r.seconds,
+            worker=done.worker,
         )
         summary.evaluated += 1
         tell(candidate, record)
