@@ -37,7 +37,7 @@ _INF = float("inf")
 _COMPLETIONS_PER_CHOICE = 1
 
 #: Memoised rule look-ups and operation inferences kept before the caches are cleared.
-_CACHE_LIMIT = 200_000
+_CACHE_LIMIT = 20_000
 
 #: What a derivation yields: the subtree, the signal after it, its node count and parameters.
 Derivation = tuple[Node, Signal, int, int]
