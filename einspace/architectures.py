@@ -48,6 +48,7 @@ __all__ = [
     "residual",
     "resnet",
     "resnet18",
+    "resnet_small",
     "routing",
     "seed_text",
     "seq",
@@ -244,6 +245,26 @@ def resnet18() -> Nonterminal:
     return resnet((2, 2, 2, 2), (64, 128, 256, 512))
 
 
+def resnet_small(widths: Sequence[int] = (16, 32)) -> Nonterminal:
+    """A small ResNet for tiny images (8x8 digits, 3x8x8 composites) and CPU-sized searches:
+    a 3x3 stem convolution with norm and activation (no downsampling), then one basic block
+    per width, the first at stride 1 and each later one at stride 2 with a 1x1 stride-2
+    convolution and norm as its shortcut. The default (16, 32) has 19,520 backbone parameters
+    at 1x8x8."""
+
+    def block(d: int, stride: int, projection: bool) -> Module:
+        main = seq(conv(d, 3, stride), norm(), act(), conv(d, 3, 1), norm())
+        shortcut = seq(conv(d, 1, stride), norm()) if projection else identity()
+        return seq(residual(main, shortcut), act())
+
+    blocks, previous = [], widths[0]
+    for i, d in enumerate(widths):
+        stride = 1 if i == 0 else 2
+        blocks.append(block(d, stride, stride != 1 or d != previous))
+        previous = d
+    return network(seq(conv(widths[0]), norm(), act(), *blocks))
+
+
 def wide_resnet(depth: int = 16, k: int = 4) -> Nonterminal:
     """A wide ResNet (Zagoruyko and Komodakis 2016): 3×3 stem to 16 channels, three groups of
     (depth - 4) / 6 pre-activation blocks (norm, activation, conv, twice) with 16k, 32k, 64k
@@ -350,6 +371,9 @@ class Seed:
 SEEDS: dict[str, Seed] = {
     "resnet18": Seed(
         resnet18, "ResNet-18 as in the einspace paper (App. B.1): 3x3 stem, a stride-2 conv for the max-pool"
+    ),
+    "resnet_small": Seed(
+        resnet_small, "a small ResNet for 8x8 inputs: 3x3 stem to 16, basic blocks of 16 and 32 (stride 2)"
     ),
     "wide_resnet16_4": Seed(wide_resnet16_4, "WRN-16-4, pre-activation blocks, 3x3 stem (paper App. B.1)"),
     "vit": Seed(vit, "ViT as in the paper: patch 4, width 512, 4 post-norm layers of 4 heads x 64, MLP 512"),

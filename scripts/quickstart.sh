@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: set up, then sample five trees from the paper's space for 3x32x32 images.
+# The main job: set up, then a real search (regularised evolution seeded with a small ResNet on the
+# bundled 8x8 digits, two evaluations at a time on a local Ray instance), then its report.
+# Rerunning resumes the search in runs/quickstart, or, once complete, only prints the results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/einspace check grammars/einspace.pcfg
-.venv/bin/einspace sample grammars/einspace.pcfg --input 3,32,32 -n 5 --random-seed 0
+.venv/bin/einspace search experiments/quickstart.yaml
+.venv/bin/einspace report runs/quickstart --top 3

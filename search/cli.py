@@ -76,6 +76,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     from einspace.search.config import Experiment, load_experiment
     from einspace.search.loop import open_store, run_search
+    from einspace.search.report import final_summary
 
     experiment = load_experiment(args.experiment)
     if args.run_dir:
@@ -87,10 +88,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     if done >= strategy.evaluations:
         store.close()
         if not args.quiet:
-            print(
-                f"{run_dir} is complete ({done} evaluations); see `einspace report {run_dir}`",
-                file=sys.stderr,
-            )
+            print(f"{run_dir} is complete ({done} evaluations)", file=sys.stderr)
+            print(final_summary(run_dir))
         return 0
     progress = _Progress(strategy.evaluations, done, args.quiet)
     if not args.quiet:
@@ -134,9 +133,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         per = 1000 * summary.driver_seconds / max(1, summary.evaluated + summary.cached + summary.replayed)
         print(
             f"done: {summary.evaluated} evaluated, {summary.cached} cached, {summary.failed} failed this "
-            f"session; driver overhead {per:.1f} ms per result. See `einspace report {run_dir}`.",
+            f"session; driver overhead {per:.1f} ms per result.",
             file=sys.stderr,
         )
+        print(final_summary(run_dir))
     return 0
 
 

@@ -12,7 +12,7 @@ from einspace.errors import EinspaceError
 from einspace.search.loop import STORE_NAME
 from einspace.search.store import Record, SQLiteStore
 
-__all__ = ["best_records", "open_run", "plot_fitness", "report", "write_csv"]
+__all__ = ["best_records", "final_summary", "open_run", "plot_fitness", "report", "write_csv"]
 
 
 def open_run(run_dir: str | Path) -> tuple[SQLiteStore, dict[str, Any]]:
@@ -129,6 +129,58 @@ def plot_fitness(history: list[Record], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _score(r: Record) -> str:
+    """A record's validation accuracy where its evaluator reports one, else its fitness."""
+    if "valid_accuracy" in r.metrics:
+        return f"validation accuracy {r.metrics['valid_accuracy']:.4f}"
+    return f"fitness {r.fitness:.6g}"
+
+
+def final_summary(run_dir: str | Path) -> str:
+    """What `einspace search` prints at the end: the best tree (text and statistics), how it
+    compares with each seed's own evaluation (the record of origin `seed:<name>` that was
+    evaluated, not a cached copy), and where the report goes."""
+    run_dir = Path(run_dir)
+    store, config = open_run(run_dir)
+    try:
+        history = store.history()
+    finally:
+        store.close()
+    lines = []
+    best = best_records(history, 1)
+    if best:
+        b = best[0]
+        lines += [
+            f"best: {_score(b)} (id {b.id}, {b.origin}"
+            + (f" of {', '.join(map(str, b.parents))}" if b.parents else "")
+            + f", evaluation {b.seq} of {len(history)})",
+            f"  {_stats(b.tree, config)}",
+            f"  {b.tree}",
+        ]
+    else:
+        lines.append("best: no successful evaluation")
+    seeds: dict[str, Record] = {}
+    for r in history:
+        if r.origin.startswith("seed:") and r.status != "cached":
+            seeds.setdefault(r.origin[len("seed:") :], r)
+    for name, r in seeds.items():
+        if r.status == "failed" or r.fitness is None:
+            lines.append(f"seed {name}: failed ({(r.error or '?').splitlines()[0][:100]})")
+            continue
+        gain = ""
+        if best and "valid_accuracy" in r.metrics and "valid_accuracy" in best[0].metrics:
+            delta = best[0].metrics["valid_accuracy"] - r.metrics["valid_accuracy"]
+            gain = f"; the best is {delta:+.4f}"
+        elif best:
+            gain = f"; the best is {best[0].fitness - r.fitness:+.6g} in fitness"  # type: ignore[operator]
+        lines.append(f"seed {name}: {_score(r)} (id {r.id}){gain}")
+    lines.append(
+        f"report: `einspace report {run_dir}` prints the top architectures and writes "
+        f"{run_dir / 'fitness.png'} and {run_dir / 'evaluations.csv'}"
+    )
+    return "\n".join(lines)
 
 
 def report(run_dir: str | Path, top: int = 5, plot: bool = True) -> str:

@@ -33,6 +33,10 @@ DOES_NOT_FIT = {
 }
 
 
+#: The small ResNet of the quick start: backbone parameters at the built-in datasets' inputs.
+RESNET_SMALL = {(1, 8, 8): 19_520, (3, 8, 8): 19_808}
+
+
 @pytest.fixture(scope="module")
 def grammar():
     return load_grammar("einspace")
@@ -162,6 +166,21 @@ class _ResNet18(nn.Module):
         return self.fc(self.blocks(x).mean(dim=(2, 3)))
 
 
+class _ResNetSmall(nn.Module):
+    """resnet_small in plain torch: 3x3 stem to 16, a basic block of 16, a stride-2 one of 32."""
+
+    def __init__(self, cin: int, classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, 16, 3, 1, 1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.blocks = nn.Sequential(_BasicBlock(16, 16, 1), _BasicBlock(16, 32, 2))
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.leaky_relu(self.bn1(self.conv1(x)), 0.01)
+        return self.fc(self.blocks(x).mean(dim=(2, 3)))
+
+
 class _Head(nn.Module):
     def __init__(self, width: int, d: int):
         super().__init__()
@@ -223,6 +242,22 @@ def test_vit_equals_plain_torch(grammar, lower):
     _copy_by_order(ours, reference)
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     torch.testing.assert_close(ours(x), reference(x))
+
+
+@pytest.mark.parametrize("shape", sorted(RESNET_SMALL), ids=lambda s: "x".join(map(str, s)))
+def test_resnet_small_fits_the_builtin_datasets_and_equals_plain_torch(grammar, shape):
+    state = input_state(shape)
+    checked = check_tree(load_seed("resnet_small", grammar, state), grammar, state)
+    assert checked.params == RESNET_SMALL[shape] and checked.output[0].shape == (32, 4, 4)
+    ours = compile_network(checked, classes=10).double()
+    assert sum(p.numel() for p in ours.backbone.parameters()) == RESNET_SMALL[shape]
+    reference = _ResNetSmall(shape[0]).double()
+    _copy_by_order(ours, reference)
+    x = torch.randn(4, *shape, dtype=torch.float64)
+    for train in (True, False):
+        ours.train(train)
+        reference.train(train)
+        torch.testing.assert_close(ours(x), reference(x))
 
 
 def test_vit_builder_is_what_the_seed_file_holds():
