@@ -23,6 +23,8 @@ from einspace import (
     compile_network,
     load_grammar,
     parse_tree,
+    statistics,
+    to_text,
 )
 from einspace.checker import CheckedTree
 from einspace.errors import SamplingError
@@ -32,6 +34,17 @@ from einspace.state import input_state
 from einspace.tree import Node, Terminal, walk
 
 PAPER = load_grammar("einspace")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These networks are tiny: a thread pool only adds synchronisation, which on a busy
+    machine (other jobs on the cores) made this module 7x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 # ----------------------------------------------------------------------------- tree text helpers
 # Modules of grammars/einspace.pcfg as bracket text, so each case below reads like the network.
@@ -364,8 +377,11 @@ def test_lowered_network_reads_like_the_literal_one():
     """The tree, its checked facts and the network's head do not depend on lowering; the
     kernels' slots hold markers without parameters; copies and the state dict work both ways."""
     checked = check(net(seq(conv(16), comp("norm"), comp("leaky_relu"))), (3, 8, 8))
+    text, stats = to_text(checked.tree), statistics(checked)
     literal = compile_network(checked, classes=5, lower=False)
     lowered = compile_network(checked, classes=5)
+    assert to_text(checked.tree) == text and statistics(checked) == stats
+    assert sum(p.numel() for p in lowered.backbone.parameters()) == checked.params
     literal.load_state_dict(lowered.state_dict())
     lowered.load_state_dict(literal.state_dict())
     assert lowered_kernels(lowered) == Counter({"conv": 1})
