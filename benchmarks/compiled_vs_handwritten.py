@@ -17,9 +17,12 @@ functions.
 Time: the fastest of `--repeats` steps; each round runs every model once, in rotating order,
 after a warm-up step each (so one-off costs — allocator growth, oneDNN primitive creation —
 are not counted, and slow drifts of the machine hit all three alike). The minimum, not the
-median, because on a shared machine other work only ever adds time: measured on 2 cores
-next to other jobs, medians of identical computations differed by 2x, minima by a few %.
-`--threads 1` is steadier still where other processes compete for the cores.
+median, because on a shared machine other work only ever adds time. One thread by default
+(`--threads 0` for torch's choice): the ratios compare the same kernels (oneDNN convolutions,
+BLAS products, attention) at any thread count, and a single thread is steady where other jobs
+compete for the cores. On the 2-core machine this was written on, next to other jobs, two
+threads made identical computations differ by up to 1.4x between models and runs; one
+thread kept them within a few %.
 
 Memory: the peak of the bytes held by tensors during one step, from the allocation and free
 events that `torch.profiler.profile(profile_memory=True)` records for torch's CPU allocator,
@@ -149,7 +152,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", default=list(REFERENCES), choices=list(REFERENCES))
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 = torch's default")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
