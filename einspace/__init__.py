@@ -3,6 +3,7 @@
 from einspace.checker import CheckedTree, check_tree, statistics
 from einspace.compiler import Network, compile_backbone, compile_network
 from einspace.errors import EinspaceError
+from einspace.grammar.model import Grammar
 from einspace.ops.registry import Operation, get_op, list_ops, register_op
 from einspace.sampler import Limits, Sampler, sample_tree
 from einspace.state import FeatureState, input_state
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-def load_grammar(name_or_path: str = "einspace"):  # noqa: ANN201 - re-exported below
+def load_grammar(name_or_path: str = "einspace") -> Grammar:
     """Load and validate a grammar file, by path or bundled name (`einspace` = the paper's space)."""
     from einspace.bundled import load
 
