@@ -213,7 +213,7 @@ class Concat(Operation):
 # ---------------------------------------------------------------- one-to-one operations
 
 
-class _OneToOne(Operation):
+class UnaryOperation(Operation):
     """Routing and computation: one branch in, one out. Subclasses work on that branch's state.
 
     They override `apply` (default: the state passes unchanged), `module`, and where they have
@@ -253,7 +253,7 @@ class _OneToOne(Operation):
 
 
 @register_op
-class Identity(_OneToOne):
+class Identity(UnaryOperation):
     """Pass the input on; the grammar uses it both as a routing and as a computation function."""
 
     name = "identity"
@@ -273,7 +273,7 @@ def _im2col_out(state: FeatureState, k: int, s: int, p: int) -> tuple[int, int]:
 
 
 @register_op
-class Im2Col(_OneToOne):
+class Im2Col(UnaryOperation):
     """Sliding k×k patches (stride s, zero padding p) of (a, H, W) as tokens (h·w, a·k·k).
 
     The first axis counts as channels, also after a permute. (h, w) is pushed on the folds for
@@ -301,7 +301,7 @@ class Im2Col(_OneToOne):
 
 
 @register_op
-class Col2Im(_OneToOne):
+class Col2Im(UnaryOperation):
     """Tokens (h·w, D) back to an image (D, h, w), with (h, w) taken from the pending im2col fold."""
 
     name = "col2im"
@@ -329,7 +329,7 @@ class Col2Im(_OneToOne):
 
 
 @register_op
-class Permute(_OneToOne):
+class Permute(UnaryOperation):
     """Reorder the feature axes: output axis i is input axis order[i]; mode and folds stay."""
 
     name = "permute"
@@ -362,7 +362,7 @@ def _features(state: FeatureState) -> int:
 
 
 @register_op
-class Linear(_OneToOne):
+class Linear(UnaryOperation):
     """A fully connected layer to d features.
 
     col mode: over the last axis D (nn.Linear). im mode: over the first axis, the channels,
@@ -394,7 +394,7 @@ class Linear(_OneToOne):
 
 
 @register_op
-class Norm(_OneToOne):
+class Norm(UnaryOperation):
     """BatchNorm2d over the first axis in im mode, LayerNorm over the last in col mode.
 
     Params: 2 per feature (scale, shift). FLOPs ≈ 4·numel (centre, divide, scale, shift).
@@ -414,7 +414,7 @@ class Norm(_OneToOne):
 
 
 @register_op
-class LeakyReLU(_OneToOne):
+class LeakyReLU(UnaryOperation):
     """max(x, 0.01·x). FLOPs: numel."""
 
     name = "leaky_relu"
@@ -428,7 +428,7 @@ class LeakyReLU(_OneToOne):
 
 
 @register_op
-class Softmax(_OneToOne):
+class Softmax(UnaryOperation):
     """Softmax over the last axis. FLOPs ≈ 3·numel (exponent, sum, divide)."""
 
     name = "softmax"
@@ -442,7 +442,7 @@ class Softmax(_OneToOne):
 
 
 @register_op
-class PosEnc(_OneToOne):
+class PosEnc(UnaryOperation):
     """A learnable positional encoding of the feature shape, added. Params and FLOPs: numel."""
 
     name = "pos_enc"

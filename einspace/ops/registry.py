@@ -169,7 +169,7 @@ def _load_builtin_ops() -> None:
     global _builtins_loaded
     if not _builtins_loaded:
         _builtins_loaded = True
-        import einspace.ops.core  # noqa: F401  (registers on import)
+        import einspace.ops.core  # noqa: F401  (each import registers its operations)
 
 
 def infeasible(reason: str) -> Infeasible:

@@ -1,0 +1,153 @@
+"""What a trainable terminal may add to a network besides weights: architecture parameters and
+auxiliary losses.
+
+Architecture parameters (XD-operations' K-matrices, DNArch mask cut-offs) describe the
+operation rather than the function it computes from given weights, and usually want an
+optimiser of their own (Adam with a warm-up, no weight decay). A module declares them by
+local name with `mark_architecture(module, "name", ...)`; the declaration lives on the module,
+so it survives `copy.deepcopy`, `.to(device)` and lowering. The training evaluator puts them
+in the `architecture` parameter group (einspace.evaluators.optim).
+
+Auxiliary losses are terms added to the training objective. A module provides its own by
+defining a method `auxiliary_losses(self) -> dict[str, Tensor]`, called after each forward
+pass; the trainer sums equal names over all modules. A term that depends on the whole
+network (DNArch's complexity loss, a function of the total cost) is a *network loss*:
+registered by name with `register_network_loss`, built once per training run from the
+network and its checked tree, and switched on by naming it in the evaluator's
+`auxiliary_losses` setting. Each term is multiplied by its weight from that setting (1 when
+not set), added to the loss and reported among the metrics.
+
+Two more optional module methods: `constrain_architecture(self)`, called without gradients
+after every optimiser step (to clamp mask parameters into range, as DNArch does), and
+`architecture_metrics(self) -> dict[str, float]`, read once after training (effective kernel
+sizes, widths, ...), reported under the module's path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+__all__ = [
+    "ARCHITECTURE",
+    "NetworkLoss",
+    "architecture_metrics",
+    "architecture_parameters",
+    "auxiliary_losses",
+    "build_network_loss",
+    "constrain_architecture",
+    "is_architecture_parameter",
+    "mark_architecture",
+    "network_losses",
+    "register_network_loss",
+]
+
+#: The parameter group of architecture parameters.
+ARCHITECTURE = "architecture"
+#: The module attribute holding the local names of its architecture parameters.
+_DECLARED = "einspace_architecture"
+
+
+def mark_architecture(module: nn.Module, *names: str) -> None:
+    """Declare parameters of `module`, by their local names, as architecture parameters."""
+    own = dict(module.named_parameters(recurse=False))
+    for name in names:
+        if name not in own:
+            raise ValueError(
+                f"{type(module).__name__} has no parameter {name!r} of its own to mark "
+                f"(it has {', '.join(own) or 'none'})"
+            )
+    declared = tuple(getattr(module, _DECLARED, ()))
+    setattr(module, _DECLARED, declared + tuple(n for n in names if n not in declared))
+
+
+def is_architecture_parameter(module: nn.Module, name: str) -> bool:
+    """Whether `module`'s own parameter `name` was declared an architecture parameter."""
+    return name in getattr(module, _DECLARED, ())
+
+
+def architecture_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+    """(qualified name, parameter) of every architecture parameter in `model`."""
+    for prefix, module in model.named_modules():
+        for name in getattr(module, _DECLARED, ()):
+            yield (f"{prefix}.{name}" if prefix else name), getattr(module, name)
+
+
+def auxiliary_losses(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The auxiliary loss terms of every module of `model`, equal names summed, unweighted."""
+    terms: dict[str, torch.Tensor] = {}
+    for module in model.modules():
+        provide = getattr(module, "auxiliary_losses", None)
+        if not callable(provide):
+            continue
+        for name, value in provide().items():
+            terms[name] = terms[name] + value if name in terms else value
+    return terms
+
+
+@torch.no_grad()
+def constrain_architecture(model: nn.Module) -> None:
+    """Let every module that has one run its `constrain_architecture` (after an optimiser step)."""
+    for module in model.modules():
+        constrain = getattr(module, "constrain_architecture", None)
+        if callable(constrain):
+            constrain()
+
+
+def architecture_metrics(model: nn.Module) -> dict[str, float]:
+    """`architecture_metrics()` of every module that has it, keyed `arch/<module path>/<name>`."""
+    metrics: dict[str, float] = {}
+    for prefix, module in model.named_modules():
+        report = getattr(module, "architecture_metrics", None)
+        if callable(report):
+            for name, value in report().items():
+                metrics[f"arch/{prefix or 'network'}/{name}"] = float(value)
+    return metrics
+
+
+class NetworkLoss(Protocol):
+    """A loss term over the whole network, built once per training run."""
+
+    def loss(self) -> torch.Tensor:
+        """The unweighted term, differentiable in the network's parameters."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """What to report about it after training (e.g. effective and nominal cost)."""
+        ...
+
+
+#: Builds a NetworkLoss from (network, checked tree, options from the settings).
+NetworkLossFactory = Callable[..., NetworkLoss]
+
+_NETWORK_LOSSES: dict[str, NetworkLossFactory] = {}
+
+
+def register_network_loss(name: str) -> Callable[[NetworkLossFactory], NetworkLossFactory]:
+    """Decorator: register a network loss factory `(network, checked, **options) -> NetworkLoss`."""
+
+    def register(factory: NetworkLossFactory) -> NetworkLossFactory:
+        if name in _NETWORK_LOSSES:
+            raise ValueError(f"a network loss named {name!r} is already registered")
+        _NETWORK_LOSSES[name] = factory
+        return factory
+
+    return register
+
+
+def network_losses() -> list[str]:
+    """Names of the registered network losses (after the built-in operations are loaded)."""
+    from einspace.ops.registry import list_ops
+
+    list_ops()  # importing the operation modules registers their network losses
+    return sorted(_NETWORK_LOSSES)
+
+
+def build_network_loss(
+    name: str, network: nn.Module, checked: Any, options: Mapping[str, Any]
+) -> NetworkLoss:
+    """The network loss `name` for one training run, built with `options` from the settings."""
+    return _NETWORK_LOSSES[name](network, checked, **options)
