@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from einspace.errors import EinspaceError
+from einspace.evaluators.optim import Optimizers
 
 #: Fraction of the free device memory the data may take before it stays on the host.
 _DATA_FRACTION = 0.25
@@ -99,14 +100,14 @@ class Runtime:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
-    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        """loss.backward() and an optimiser step, through the GradScaler under float16."""
+    def backward(self, loss: torch.Tensor, optimizers: Optimizers) -> None:
+        """loss.backward() and a step of every optimiser, through the GradScaler under float16."""
         if self.scaler is None:
             loss.backward()
-            optimizer.step()
+            optimizers.step()
             return
         self.scaler.scale(loss).backward()
-        self.scaler.step(optimizer)
+        optimizers.step(self.scaler)
         self.scaler.update()
 
     def release(self) -> None:

@@ -1,15 +1,23 @@
-"""The optimiser: parameter groups by kind, SGD with momentum, and per-step learning-rate schedules.
+"""The optimisers: parameter groups by kind, each with its own optimiser, and per-step schedules.
 
-Why groups: future terminals carry architecture parameters (XD-operations' K/L/M, DNArch
-masks) that want their own learning rate, weight decay and warm-up, separate from the
-network weights. A parameter declares its kind by carrying an attribute
-`param.einspace_group = "architecture"` (set in the operation's `build()`); everything else is
-classified by `parameter_kind`. Training settings may then override any kind:
+Why groups: trainable terminals carry architecture parameters (XD-operations' K-matrices,
+DNArch mask cut-offs) that want their own optimiser, learning rate, weight decay and warm-up,
+apart from the network weights. A module declares them with
+`einspace.trainable.mark_architecture` (a parameter may also carry the attribute
+`einspace_group = "<kind>"`); everything else is classified by `parameter_kind`. Training
+settings may override any kind:
 
-    param_groups: {architecture: {lr_scale: 0.1, weight_decay: 0, warmup_epochs: 2},
+    param_groups: {architecture: {optimizer: adam, lr: 0.001, weight_decay: 0, freeze_epochs: 1},
                    norm_bias: {weight_decay: 0}}
 
-With no overrides every group gets the same SGD settings, which is the paper's recipe.
+Options: `optimizer` (sgd, adam or adamw), `lr` (absolute) or `lr_scale` (times the base lr),
+`weight_decay`, `momentum` (sgd), `betas` (adam, adamw), `warmup_epochs` (the learning rate
+rises linearly over them), `freeze_epochs` (the group does not move during them: the paper's
+warm-up for XD architecture parameters, in which only the weights train). Unless overridden,
+architecture parameters use Adam, lr 1e-3, no weight decay (`ARCHITECTURE_DEFAULTS`; options
+given replace these one by one, and an `lr_scale` given replaces the default `lr`); every
+other group gets the base SGD settings, which is the einspace paper's recipe. The base schedule
+(cosine, step, constant) applies to every group.
 """
 
 from __future__ import annotations
@@ -22,20 +30,41 @@ import torch
 from torch import nn
 
 from einspace.errors import EinspaceError
+from einspace.trainable import ARCHITECTURE, is_architecture_parameter
 
-__all__ = ["GROUP_ATTRIBUTE", "GROUP_OPTIONS", "build_optimizer", "parameter_groups", "parameter_kind"]
+__all__ = [
+    "ARCHITECTURE_DEFAULTS",
+    "GROUP_ATTRIBUTE",
+    "GROUP_OPTIONS",
+    "Optimizers",
+    "build_optimizer",
+    "parameter_groups",
+    "parameter_kind",
+]
 
-#: The attribute a parameter sets to choose its group.
+#: The attribute a parameter may set to choose its group.
 GROUP_ATTRIBUTE = "einspace_group"
 #: What a group's settings may override.
-GROUP_OPTIONS = ("lr_scale", "weight_decay", "momentum", "warmup_epochs")
+GROUP_OPTIONS = (
+    "optimizer", "lr", "lr_scale", "weight_decay", "momentum", "betas", "warmup_epochs", "freeze_epochs",
+)  # fmt: skip
+#: The optimiser of architecture parameters unless the settings say otherwise.
+ARCHITECTURE_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0}
 
+_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+}
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
 
 
 def parameter_kind(module: nn.Module, name: str, param: nn.Parameter) -> str:
-    """The group of one parameter: its own `einspace_group` if it declares one; `norm_bias` for
-    normalisation scales/shifts and biases (often trained without weight decay); else `weights`."""
+    """The group of one parameter: `architecture` if its module declares it so, else its own
+    `einspace_group` if it has one; `norm_bias` for normalisation scales/shifts and biases
+    (often trained without weight decay); else `weights`."""
+    if is_architecture_parameter(module, name):
+        return ARCHITECTURE
     declared = getattr(param, GROUP_ATTRIBUTE, None)
     if declared:
         return str(declared)
@@ -55,6 +84,42 @@ def parameter_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
             seen.add(id(param))
             groups.setdefault(parameter_kind(module, name, param), []).append(param)
     return groups
+
+
+class Optimizers:
+    """The optimisers of one training run (one per optimiser kind in use), stepped together.
+
+    Each torch optimiser holds the parameter groups that use it, and a LambdaLR with one
+    factor per group that `schedule_step` advances once per batch.
+    """
+
+    def __init__(self, pairs: list[tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]]):
+        self.optimizers = [optimizer for optimizer, _ in pairs]
+        self.schedulers = [scheduler for _, scheduler in pairs]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Every parameter group of every optimiser, each named by its kind (`name`)."""
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
+    def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        for optimizer in self.optimizers:
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+
+    def schedule_step(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def learning_rates(self) -> dict[str, float]:
+        """The current learning rate of each group, by kind."""
+        return {group["name"]: group["lr"] for group in self.param_groups}
 
 
 def _schedule(
@@ -84,44 +149,89 @@ def build_optimizer(
     steps_per_epoch: int,
     epochs: int,
     overrides: dict[str, dict[str, Any]] | None = None,
-) -> tuple[torch.optim.SGD, torch.optim.lr_scheduler.LambdaLR]:
-    """SGD over the parameter groups and a scheduler to step once per batch.
+) -> Optimizers:
+    """The optimisers over the parameter groups, with schedules to step once per batch.
 
-    Each group's learning rate is lr × lr_scale × schedule(step) × warm-up ramp, the ramp
-    rising linearly over its `warmup_epochs` (none by default).
+    A group's learning rate is its lr (or lr × lr_scale) × schedule(step) × its warm-up ramp,
+    and zero during its frozen epochs.
     """
     overrides = overrides or {}
     for kind, options in overrides.items():
-        unknown = set(options) - set(GROUP_OPTIONS)
-        if unknown:
-            raise EinspaceError(
-                f"parameter group {kind!r}: unknown option(s) {', '.join(sorted(unknown))} "
-                f"(known: {', '.join(GROUP_OPTIONS)})"
-            )
+        _check_options(kind, options)
     total = max(1, steps_per_epoch * epochs)
     base = _schedule(schedule, total, milestones, gamma)
-    groups, factors = [], []
-    for kind, params in parameter_groups(model).items():
-        options = overrides.get(kind, {})
-        groups.append(
-            {
-                "params": params,
-                "name": kind,
-                "lr": lr * float(options.get("lr_scale", 1.0)),
-                "weight_decay": float(options.get("weight_decay", weight_decay)),
-                "momentum": float(options.get("momentum", momentum)),
-                "nesterov": nesterov,
-            }
-        )
-        warmup = float(options.get("warmup_epochs", 0)) * steps_per_epoch
-        factors.append(_with_warmup(base, warmup))
+    by_optimizer: dict[str, tuple[list[dict[str, Any]], list[Callable[[int], float]]]] = {}
+    groups = parameter_groups(model)
     if not groups:  # a network with no parameters still "trains" (its metric is chance level)
-        groups.append({"params": [nn.Parameter(torch.zeros(1))], "name": "empty"})
-        factors.append(base)
-    optimizer = torch.optim.SGD(
-        groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov
-    )
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+        groups = {"empty": [nn.Parameter(torch.zeros(1))]}
+    for kind, params in groups.items():
+        options = _options(kind, overrides.get(kind, {}))
+        name = options.get("optimizer", "sgd")
+        group: dict[str, Any] = {
+            "params": params,
+            "name": kind,
+            "lr": float(options.get("lr", lr)) * float(options.get("lr_scale", 1.0)),
+            "weight_decay": float(options.get("weight_decay", weight_decay)),
+        }
+        if name == "sgd":
+            group.update(momentum=float(options.get("momentum", momentum)), nesterov=nesterov)
+        elif "betas" in options:
+            group["betas"] = tuple(float(b) for b in options["betas"])
+        warmup = float(options.get("warmup_epochs", 0)) * steps_per_epoch
+        frozen = float(options.get("freeze_epochs", 0)) * steps_per_epoch
+        entry = by_optimizer.setdefault(name, ([], []))
+        entry[0].append(group)
+        entry[1].append(_frozen_then(_with_warmup(base, warmup), frozen))
+    pairs = []
+    for name, (param_groups, factors) in by_optimizer.items():
+        optimizer = _OPTIMIZERS[name](param_groups, lr=lr)
+        pairs.append((optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factors)))
+    return Optimizers(pairs)
+
+
+def _options(kind: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A group's options: the architecture defaults, key by key, under what the settings give
+    (an `lr_scale` given replaces the default absolute `lr`)."""
+    defaults = dict(ARCHITECTURE_DEFAULTS) if kind == ARCHITECTURE else {}
+    if "lr_scale" in given:
+        defaults.pop("lr", None)
+    return {**defaults, **given}
+
+
+def _check_options(kind: str, options: dict[str, Any]) -> None:
+    """Unknown options, optimisers and ill-typed values name the group and the option."""
+    if not isinstance(options, dict):
+        raise EinspaceError(f"parameter group {kind!r}: expected a mapping of options, got {options!r}")
+    unknown = set(options) - set(GROUP_OPTIONS)
+    if unknown:
+        raise EinspaceError(
+            f"parameter group {kind!r}: unknown option(s) {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(GROUP_OPTIONS)})"
+        )
+    if options.get("optimizer", "sgd") not in _OPTIMIZERS:
+        raise EinspaceError(
+            f"parameter group {kind!r}: unknown optimizer {options['optimizer']!r} "
+            f"(known: {', '.join(_OPTIMIZERS)})"
+        )
+    if "lr" in options and "lr_scale" in options:
+        raise EinspaceError(f"parameter group {kind!r}: give lr or lr_scale, not both")
+    for option in set(options) - {"optimizer", "betas"}:
+        value = options[option]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise EinspaceError(f"parameter group {kind!r}: {option} must be a number >= 0, got {value!r}")
+    betas = options.get("betas", (0.9, 0.999))
+    if not (
+        isinstance(betas, (list, tuple))
+        and len(betas) == 2
+        and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)
+    ):
+        raise EinspaceError(f"parameter group {kind!r}: betas must be two numbers in [0, 1), got {betas!r}")
+
+
+def _frozen_then(factor: Callable[[int], float], frozen_steps: float) -> Callable[[int], float]:
+    if frozen_steps <= 0:
+        return factor
+    return lambda step: 0.0 if step < frozen_steps else factor(step)
 
 
 def _with_warmup(base: Callable[[int], float], warmup_steps: float) -> Callable[[int], float]:

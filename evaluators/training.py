@@ -31,6 +31,7 @@ from torch import nn
 from einspace.checker import CheckedTree, check_tree
 from einspace.evaluators._runtime import Runtime, out_of_memory
 from einspace.evaluators._settings import require, settings_from
+from einspace.evaluators.auxiliary import AuxiliaryObjective, check_auxiliary_settings
 from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evaluator
 from einspace.evaluators.budgets import Budget, budget_violation
 from einspace.evaluators.datasets import Dataset, load_dataset
@@ -38,6 +39,7 @@ from einspace.evaluators.objectives import Objective, objective_for
 from einspace.evaluators.optim import build_optimizer
 from einspace.grammar.model import Grammar
 from einspace.state import FeatureState
+from einspace.trainable import architecture_metrics, constrain_architecture
 from einspace.tree import Node
 
 __all__ = ["FINAL_EPOCHS", "TrainingEvaluator", "TrainingSettings", "final_evaluation", "train_and_test"]
@@ -62,6 +64,7 @@ class TrainingSettings:
     gamma: float = 0.1  # step schedule: factor at each milestone
     label_smoothing: float = 0.0
     param_groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # see evaluators.optim
+    auxiliary_losses: dict[str, Any] = field(default_factory=dict)  # see evaluators.auxiliary
     metric: str | None = None  # accuracy | relative_l2; None: what the dataset's targets imply
     # budgets, checked from the analytic counts before anything is built (None: unlimited)
     max_params: int | None = None
@@ -112,6 +115,9 @@ class TrainingSettings:
             value = getattr(self, name)
             require(value is None or value > 0, f"setting {name} must be positive or null")
         Budget.from_settings(self.budget_settings())  # validates the budget numbers
+        require(isinstance(self.param_groups, dict), "setting param_groups must be a mapping")
+        require(isinstance(self.auxiliary_losses, dict), "setting auxiliary_losses must be a mapping")
+        check_auxiliary_settings(self.auxiliary_losses)
 
     def budget_settings(self) -> dict[str, Any]:
         return {
@@ -166,7 +172,7 @@ def _train(
         eval_x, eval_y = runtime.data(*evaluation)
         n = len(train_y)
         steps_per_epoch = math.ceil(n / settings.batch_size)
-        optimizer, scheduler = build_optimizer(
+        optimizers = build_optimizer(
             model,
             lr=settings.lr,
             momentum=settings.momentum,
@@ -179,8 +185,11 @@ def _train(
             epochs=settings.epochs,
             overrides=settings.param_groups,
         )
+        auxiliary = AuxiliaryObjective(model, checked, settings.auxiliary_losses)
+        constrained = any(callable(getattr(m, "constrain_architecture", None)) for m in model.modules())
         check_every = 1 if runtime.device.type == "cpu" else 25  # each check syncs a GPU
         train_loss = train_metric = 0.0
+        auxiliary_terms: dict[str, float] = {}
         for epoch in range(settings.epochs):
             model.train()
             order = torch.randperm(n, generator=shuffle)
@@ -192,9 +201,12 @@ def _train(
                 with runtime.autocast():
                     output = model(x).float()
                     loss = objective.loss(output, y)
-                optimizer.zero_grad(set_to_none=True)
-                runtime.backward(loss, optimizer)
-                scheduler.step()
+                    extra = auxiliary()
+                optimizers.zero_grad()
+                runtime.backward(loss if extra is None else loss + extra, optimizers)
+                optimizers.schedule_step()
+                if constrained:
+                    constrain_architecture(model)
                 loss_sum += loss.detach() * len(y)
                 metric_sum += objective.metric_sum(output.detach(), y)
                 if (step + 1) % check_every == 0 or step + 1 == steps_per_epoch:
@@ -210,7 +222,9 @@ def _train(
                         f"of {settings.epochs}"
                     )
             train_loss, train_metric = float(loss_sum) / n, float(metric_sum) / n
+            auxiliary_terms = auxiliary.epoch_metrics()
         eval_loss, eval_metric = _score(model, objective, eval_x, eval_y, settings.eval_batch_size, runtime)
+        extras = {**auxiliary_terms, **auxiliary.final_metrics(), **architecture_metrics(model)}
     except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
         if out_of_memory(exc):
             runtime.release()
@@ -226,6 +240,7 @@ def _train(
         "params": float(params),
         "flops": float(checked.flops),
         "epochs": float(settings.epochs),
+        **extras,
         "seconds": time.perf_counter() - started,
     }
 

@@ -60,7 +60,12 @@ def test_one_epoch_beats_chance_and_is_deterministic_by_seed() -> None:
             {},
             "metric 'relative_l2' does not fit dataset 'digits', a classification",
         ),
-        ({"param_groups": {"weights": {"lr": 1}}}, {}, "unknown option.*lr_scale"),
+        ({"param_groups": {"weights": {"lr_sclae": 1}}}, {}, "unknown option.*lr_scale"),
+        ({"param_groups": {"weights": {"optimizer": "lion"}}}, {}, "unknown optimizer 'lion'.*adamw"),
+        ({"param_groups": {"weights": {"lr": 0.1, "lr_scale": 2}}}, {}, "lr or lr_scale, not both"),
+        ({"param_groups": {"weights": {"betas": [0.9]}}}, {}, "betas must be two numbers"),
+        ({"auxiliary_losses": {"sparsity": -1}}, {}, "'sparsity': the weight must be a number >= 0"),
+        ({"auxiliary_losses": {"nope": {"weight": 1}}}, {}, "no network loss of that name"),
         ({}, {"tree": "(S (M (C linear(d=16))) (M (C nope)))"}, "unknown operation"),
     ],
 )
@@ -129,14 +134,14 @@ def test_final_evaluation_reports_test_accuracy() -> None:
 def test_schedules_and_step_decay() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     common = dict(lr=1.0, momentum=0.9, weight_decay=0.0, nesterov=False, gamma=0.1, milestones=(0.5, 0.75))
-    _, cosine = build_optimizer(model, schedule="cosine", steps_per_epoch=10, epochs=1, **common)
-    _, step = build_optimizer(model, schedule="step", steps_per_epoch=10, epochs=1, **common)
+    cosine = build_optimizer(model, schedule="cosine", steps_per_epoch=10, epochs=1, **common)
+    step = build_optimizer(model, schedule="step", steps_per_epoch=10, epochs=1, **common)
     lrs = {"cosine": [], "step": []}
-    for name, scheduler in (("cosine", cosine), ("step", step)):
+    for name, optimizers in (("cosine", cosine), ("step", step)):
         for _ in range(10):
-            lrs[name].append(scheduler.get_last_lr()[0])
-            scheduler.optimizer.step()
-            scheduler.step()
+            lrs[name].append(optimizers.learning_rates()["weights"])
+            optimizers.step()
+            optimizers.schedule_step()
     assert lrs["cosine"][0] == 1.0 and lrs["cosine"][-1] < 0.05
     assert lrs["step"] == pytest.approx([1.0] * 5 + [0.1] * 3 + [0.01] * 2)
 
@@ -149,8 +154,8 @@ def test_parameter_groups_by_kind_and_overrides() -> None:
     model.register_parameter("alpha", alpha)
     groups = parameter_groups(model)
     assert [len(groups[k]) for k in ("weights", "norm_bias", "architecture")] == [1, 3, 1]
-    overrides = {"architecture": {"lr_scale": 0.1, "weight_decay": 0.0, "warmup_epochs": 1}}
-    optimizer, scheduler = build_optimizer(
+    overrides = {"architecture": {"optimizer": "sgd", "lr_scale": 0.1, "warmup_epochs": 1}}
+    optimizer = build_optimizer(
         model, lr=0.5, momentum=0.9, weight_decay=1e-3, nesterov=False, schedule="constant",
         milestones=(), gamma=0.1, steps_per_epoch=4, epochs=2, overrides=overrides,
     )  # fmt: skip
