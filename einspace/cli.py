@@ -11,6 +11,7 @@ from pathlib import Path
 from einspace.bundled import load
 from einspace.checker import CheckedTree, check_tree, statistics
 from einspace.errors import EinspaceError
+from einspace.grammar.model import Grammar
 from einspace.ops.registry import get_op, list_ops
 from einspace.sampler import Limits, Sampler
 from einspace.state import describe, parse_input
@@ -83,6 +84,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"{grammar.path}: OK — start {grammar.start}, {len(grammar.nonterminals)} non-terminals, "
         f"{len(rules)} rules, {alternatives} alternatives"
     )
+    origins = _rule_origins(grammar)
+    if origins:
+        print(origins)
     analysis = analyse(grammar, mode=args.mode)
     print(format_analysis(analysis, contexts=args.contexts))
     if not analysis.consistent and not args.allow_inconsistent:
@@ -93,6 +97,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _rule_origins(grammar: Grammar) -> str:
+    """For a grammar composed of several files: where each rule, and each alternative added to
+    it from another file, was written (empty for a single file)."""
+    files = {a.location.path for r in grammar.rules for a in r.alternatives if a.location}
+    if len(files) < 2:
+        return ""
+    lines = [f"composed of {len(files)} files; each rule and where it was written:"]
+    for rule in grammar.rules:
+        guard = f" if {' and '.join(map(str, rule.guard))}" if rule.guard else ""
+        added: dict[str, int] = {}
+        for alternative in rule.alternatives:
+            if alternative.location and alternative.location.path != rule.location.path:
+                added[alternative.location.path] = added.get(alternative.location.path, 0) + 1
+        extra = "".join(f", +{n} alternative{'s' * (n > 1)} from {path}" for path, n in added.items())
+        lines.append(f"  {rule.symbol + guard:<24} {rule.location}{extra}")
+    return "\n".join(lines)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:

@@ -121,7 +121,7 @@ SYN = GrammarSyntaxError  # does not parse
 SEM = GrammarError  # parses but means nothing sensible
 BAD_GRAMMARS = [
     ("empty-rhs", SYN, "start S\nS ->\n", "unexpected end of line; expected a name or '('", "2:5"),
-    ("no-arrow", SYN, "start S\nS identity\n", "unexpected name 'identity'; expected '->' or 'if'", "2:3"),
+    ("no-arrow", SYN, "start S\nS identity\n", "name 'identity'; expected '+=', '->', '@=' or 'if'", "2:3"),
     ("bad-char", SYN, "start S\nS -> identity $\n", "unexpected character '$'", "2:15"),
     ("unclosed", SYN, "start S\nS -> linear(d = 16\n", "'(' is never closed", "2:12"),
     ("unclosed-2", SYN, "start S\nS -> (M, M\nM -> add\n", "name 'M'; expected ')' or ','", "3:1"),
@@ -129,7 +129,7 @@ BAD_GRAMMARS = [
     ("empty-value", SYN, "start S\nS -> linear(d = 16 | )\n", "expected a name, a number", "2:22"),
     ("space-before-args", SYN, "start S\nS -> linear (d = 16)\n", "follow its name without a space", "2:16"),
     ("guard-equals", SYN, "start S\nS if b = 2 -> add\n", "'='; expected '!=', '==' or 'in'", "2:8"),
-    ("no-bar", SYN, "start S\nS -> add\n  norm\n", "unexpected end of line; expected '->' or 'if'", "3:7"),
+    ("no-bar", SYN, "start S\nS -> add\n  norm\n", "end of line; expected '+=', '->', '@=' or 'if'", "3:7"),
     ("no-probability", SYN, "start S\nS -> identity @\n", "expected a number", "2:16"),
     ("start-two-names", SYN, "start S S\nS -> add\n", "unexpected name 'S'; expected end of line", "1:9"),
     ("keyword-symbol", SYN, "start if\n", "unexpected 'if'; expected a name", "1:7"),
@@ -169,6 +169,24 @@ BAD_GRAMMARS = [
     ("unreachable", SEM, "start S\nS -> add\nM -> add\n", "M is not reachable from the start symbol", "3:1"),
     ("unproductive", SEM, "start S\nS -> M | add\nM -> M M\n", "M never derives only operations", "3:1"),
     ("same-alternative", SEM, "start S\nS -> add\n  | norm\n  | add\n", "repeats the one at line 2", "4:5"),
+    # grammars that extend grammars (einspace.grammar.compose)
+    ("extends-missing", SEM, 'extends "nope.pcfg"\n', 'cannot extend "nope.pcfg": no file', "1:9"),
+    ("extends-unknown", SEM, "extends einspase\n", "no bundled grammar of that name (bundled: ", "1:9"),
+    ("extends-twice", SEM, "extends einspace\nextends einspace\n", "a second `extends` (the first", "2:9"),
+    ("extends-path-name", SYN, "extends ../a.pcfg\n", "'.' (a path goes in quotes", "1:9"),
+    ("add-no-base", SEM, "start S\nS -> add\nS += norm\n", "and it extends none: add a line", "3:1"),
+    ("add-no-rhs", SYN, "extends einspace\nC +=\n", "unexpected end of line; expected a name or '('", "2:5"),
+    ("add-unknown-symbol", SEM, "extends einspace\nCC += norm\n", "no rule for 'CC' to change", "2:1"),
+    ("add-guard", SEM, "extends einspace\nA if b == 3 += add\n", "no rule with the guard `b == 3`", "2:1"),
+    ("add-no-room", SEM, "extends einspace\nC += linear(d = 3) @ 1\n", "leaving nothing for the", "2:1"),
+    ("add-repeats", SEM, "extends einspace\nC += norm\n", "repeats the one at ", "2:6"),
+    ("add-p", SEM, "extends einspace\nC += linear(d = 3) @ 2\n", "must be in (0, 1], got 2", "2:22"),
+    ("reweight-unknown", SEM, "extends einspace\nM @= C C @ 0.5\n", "M has no such alternative", "2:6"),
+    ("reweight-no-p", SEM, "extends einspace\nM @= C\n", "write one after each alternative", "2:6"),
+    ("reweight-twice", SEM, "extends einspace\nM @= C @ 0.3 | C @ 0.3\n", "reweighted twice", "2:16"),
+    ("reweight-sum", SEM, "extends einspace\nM @= C @ 0.6 | M M @ 0.5\n", "sum to 1.1, leaving", "2:1"),
+    ("reweight-all", SEM, "extends einspace\nR1 if mode == col @= identity @ 0.5\n | permute(order = (2, 1)) @ 0.4\n",
+     "sum to 0.9, not 1", "2:1"),
 ]
 
 

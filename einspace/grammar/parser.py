@@ -14,6 +14,7 @@ from lark.lark import PostLex
 
 from einspace.errors import GrammarError, GrammarSyntaxError, LocatedError, Location
 from einspace.grammar import validate
+from einspace.grammar.compose import Change, compose
 from einspace.grammar.model import (
     Alternative,
     Condition,
@@ -41,12 +42,25 @@ _TERMINAL_WORDS = {
 _TOKEN_NOUNS = {"NAME": "name", "CALL_NAME": "name", "INT": "number", "FLOAT": "number"}
 
 
-def parse_grammar(text: str, path: str = "<string>") -> Grammar:
-    """Parse and validate grammar text; `path` is only used to say where errors are."""
+def parse_grammar(text: str, path: str = "<string>", *, _extending: tuple[Path, ...] = ()) -> Grammar:
+    """Parse and validate grammar text; `path` says where errors are and where an `extends`
+    looks for files named relative to this one."""
     try:
         tree = _lark().parse(text)
+        base = _base_grammar(tree, path, _extending)
         nonterminals = frozenset(str(rule.children[0]) for rule in tree.find_data("rule"))
-        starts, rules = _ToModel(path, nonterminals).transform(tree)
+        if base is not None:
+            nonterminals |= frozenset(base.nonterminals)
+        starts, rules, changes = _ToModel(path, nonterminals).transform(tree)
+        if base is not None:
+            rules = compose(base, rules, changes)
+            starts = starts or [(base.start, base.rules_for(base.start)[0].location)]
+        elif changes:
+            raise GrammarError(
+                f"`{changes[0].symbol} {'+=' if changes[0].kind == 'add' else '@='}` changes the grammar "
+                "this file extends, and it extends none: add a line such as `extends einspace`",
+                changes[0].location,
+            )
         return validate.build_grammar(starts, rules, path, text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, path, text) from None
@@ -54,25 +68,81 @@ def parse_grammar(text: str, path: str = "<string>") -> Grammar:
         raise GrammarSyntaxError("'(' is never closed", _location(path, exc.token), text) from None
     except VisitError as exc:
         if isinstance(exc.orig_exc, LocatedError):
-            raise _with_source(exc.orig_exc, text) from None
+            raise _with_source(exc.orig_exc, path, text) from None
         raise
     except GrammarError as exc:
-        raise _with_source(exc, text) from None
+        raise _with_source(exc, path, text) from None
 
 
-def load_grammar(path: str | Path) -> Grammar:
-    """Read and parse a grammar file."""
+def load_grammar(path: str | Path, *, _extending: tuple[Path, ...] = ()) -> Grammar:
+    """Read and parse a grammar file (and the files it extends)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or exc
         raise GrammarError(f"cannot read grammar file {str(path)!r}: {reason}") from None
-    return parse_grammar(text, str(path))
+    return parse_grammar(text, str(path), _extending=_extending)
 
 
-def _with_source(exc: LocatedError, text: str) -> LocatedError:
-    """The same error with the caret context, which the code that raised it could not give."""
-    return exc if exc.source else type(exc)(exc.message, exc.location, text)
+def _with_source(exc: LocatedError, path: str, text: str) -> LocatedError:
+    """The same error with the caret context, which the code that raised it could not give
+    (read from the file the location names when that is another file of a composition)."""
+    if exc.source or exc.location is None:
+        return exc
+    source = text
+    if exc.location.path != path:
+        try:
+            source = Path(exc.location.path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return exc
+    return type(exc)(exc.message, exc.location, source)
+
+
+def _base_grammar(tree: Any, path: str, extending: tuple[Path, ...]) -> Grammar | None:
+    """The grammar an `extends` declaration names, loaded (None without one)."""
+    declarations = list(tree.find_data("extends_decl"))
+    if not declarations:
+        return None
+    if len(declarations) > 1:
+        first = declarations[0].children[0]
+        raise GrammarError(
+            f"a second `extends` (the first is at line {first.line}); a grammar extends one other",
+            _location(path, declarations[1].children[0]),
+        )
+    token = declarations[0].children[0]
+    here = _location(path, token)
+    target = _extended_file(token, path, here)
+    this = Path(path).resolve() if path != "<string>" else None
+    chain = (*extending, *([this] if this else []))
+    if target.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain[chain.index(target.resolve()) :], target.resolve()))
+        raise GrammarError(f"grammars extend each other in a cycle: {cycle}", here)
+    return load_grammar(target, _extending=chain)
+
+
+def _extended_file(token: Token, path: str, here: Location) -> Path:
+    """`extends "file.pcfg"`: relative to the extending file; `extends name`: `name.pcfg` beside
+    the extending file if there is one, else the bundled grammar of that name."""
+    from einspace.bundled import bundled_grammars
+
+    folder = Path(path).parent if path != "<string>" else Path.cwd()
+    if token.type == "STRING":
+        target = folder / str(token)[1:-1]
+        if not target.is_file():
+            raise GrammarError(f"cannot extend {str(token)}: no file {target}", here)
+        return target
+    beside = folder / f"{token}.pcfg"
+    if beside.is_file():
+        return beside
+    bundled = bundled_grammars()
+    if str(token) in bundled:
+        return bundled[str(token)]
+    names = ", ".join(sorted(bundled))
+    raise GrammarError(
+        f"cannot extend {str(token)!r}: no file {beside} and no bundled grammar of that name "
+        f"(bundled: {names}; write a path in quotes, extends \"../my.pcfg\")",
+        here,
+    )
 
 
 def _location(path: str, token: Token) -> Location:
@@ -148,7 +218,10 @@ def _syntax_error(exc: UnexpectedInput, path: str, text: str) -> GrammarSyntaxEr
     """Say in words what was found and what could have come instead."""
     location = Location(path, exc.line, exc.column)
     if isinstance(exc, UnexpectedCharacters):
-        return GrammarSyntaxError(f"unexpected character {exc.char!r}", location, text)
+        message = f"unexpected character {exc.char!r}"
+        if text.splitlines()[exc.line - 1].lstrip().startswith("extends "):
+            message += ' (a path goes in quotes: extends "../my.pcfg")'
+        return GrammarSyntaxError(message, location, text)
     if not isinstance(exc, UnexpectedToken):
         return GrammarSyntaxError("unexpected end of file", location, text)
     token = exc.token
@@ -204,13 +277,33 @@ class _ToModel(Transformer):
         return Location(self.path, meta.line, meta.column)
 
     @v_args(inline=False)
-    def start(self, declarations: list[_Value | Rule]) -> tuple[list[_Value], list[Rule]]:
+    def start(self, declarations: list[Any]) -> tuple[list[_Value], list[Rule], list[Change]]:
         starts = [d for d in declarations if isinstance(d, _Value)]
         rules = [d for d in declarations if isinstance(d, Rule)]
-        return starts, rules
+        changes = [d for d in declarations if isinstance(d, Change)]
+        return starts, rules, changes
 
     def start_decl(self, name: Token) -> _Value:
         return _Value(str(name), self._at(name))
+
+    def extends_decl(self, reference: Token) -> None:
+        """Handled before the transformation (`_base_grammar`); nothing to build here."""
+        return None
+
+    def add_rule(self, name: Token, *parts: Any) -> Change:
+        return self._change("add", name, parts)
+
+    def reweight_rule(self, name: Token, *parts: Any) -> Change:
+        return self._change("reweight", name, parts)
+
+    def _change(self, kind: str, name: Token, parts: tuple[Any, ...]) -> Change:
+        guard = None if isinstance(parts[0], _Alternative) else parts[0]
+        alternatives = tuple(
+            (a.items, a.probability and validate.check_probability(a.probability), a.location)
+            for a in parts
+            if isinstance(a, _Alternative)
+        )
+        return Change(kind, str(name), guard, alternatives, self._at(name))
 
     def rule(self, name: Token, *parts: Any) -> Rule:
         guard: tuple[Condition, ...] = () if isinstance(parts[0], _Alternative) else parts[0]

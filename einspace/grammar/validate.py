@@ -105,11 +105,18 @@ def _choices(
     return tuple(choices)
 
 
+def check_probability(given: Located) -> float:
+    """An explicit probability, once it is in (0, 1]."""
+    if not 0.0 < given[0] <= 1.0:
+        raise GrammarError(f"probability must be in (0, 1], got {given[0]:g}", given[1])
+    return given[0]
+
+
 def rule_probabilities(explicit: Sequence[Located | None], location: Location) -> tuple[float, ...]:
     """The probability of each alternative of one rule (see the module docstring)."""
     for given in explicit:
-        if given is not None and not 0.0 < given[0] <= 1.0:
-            raise GrammarError(f"probability must be in (0, 1], got {given[0]:g}", given[1])
+        if given is not None:
+            check_probability(given)
     total = sum(given[0] for given in explicit if given is not None)
     unmarked = sum(given is None for given in explicit)
     if unmarked == 0:
@@ -162,19 +169,19 @@ def _check_rule_order(rules: Sequence[Rule]) -> None:
             message = f"{rule.symbol!r} is a registered operation and cannot have a rule"
             raise GrammarError(message, rule.location)
         for before in earlier.get(rule.symbol, []):
-            line = before.location.line
+            line = _where(before.location, rule.location)
             if not before.guard and not rule.guard:
-                message = f"a second rule for {rule.symbol} without a guard (the first is at line {line})"
+                message = f"a second rule for {rule.symbol} without a guard (the first is at {line})"
                 raise GrammarError(message, rule.location)
             if not before.guard:
                 raise GrammarError(
-                    f"this rule for {rule.symbol} can never apply: the rule at line {line} has no guard",
+                    f"this rule for {rule.symbol} can never apply: the rule at {line} has no guard",
                     rule.location,
                 )
             if set(before.guard) == set(rule.guard):
                 guard = " and ".join(map(str, rule.guard))
                 raise GrammarError(
-                    f"a second rule for {rule.symbol} with the guard `{guard}` (the first is at line {line})",
+                    f"a second rule for {rule.symbol} with the guard `{guard}` (the first is at {line})",
                     rule.location,
                 )
         earlier.setdefault(rule.symbol, []).append(rule)
@@ -186,8 +193,8 @@ def _check_alternatives(rule: Rule) -> None:
             _check_item(item)
         for before in rule.alternatives[:i]:
             if before.items == alternative.items:
-                line = before.location.line
-                raise GrammarError(f"this alternative repeats the one at line {line}", alternative.location)
+                line = _where(before.location, alternative.location)
+                raise GrammarError(f"this alternative repeats the one at {line}", alternative.location)
 
 
 def _check_item(item: Item) -> None:
@@ -253,6 +260,12 @@ def _symbols(items: Iterable[Item]) -> Iterator[str]:
             yield from _symbols(item.items)
         elif isinstance(item, RepeatItem):
             yield from _symbols([item.item])
+
+
+def _where(earlier: Location, here: Location) -> str:
+    """Where an earlier definition is, seen from `here`: `line 12`, or `file:12:5` in another file
+    of a composed grammar."""
+    return f"line {earlier.line}" if earlier.path == here.path else str(earlier)
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
