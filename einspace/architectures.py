@@ -219,16 +219,25 @@ def transformer_layer(width: int, heads: int, head_dim: int, hidden: int, post_n
 # ----------------------------------------------------------------------------- seed networks
 
 
-def resnet(blocks: Sequence[int] = (2, 2, 2, 2), widths: Sequence[int] = (64, 128, 256, 512)) -> Nonterminal:
+def resnet(
+    blocks: Sequence[int] = (2, 2, 2, 2),
+    widths: Sequence[int] = (64, 128, 256, 512),
+    after_block: Callable[[], Module] | None = None,
+) -> Nonterminal:
     """A ResNet of basic blocks as the paper uses it (App. B.1): a 3×3 stem convolution with
     norm and activation, the stem's max-pool replaced by a 3×3 stride-2 convolution, then
     stages of basic blocks; each later stage starts with a stride-2 block whose shortcut is a
-    1×1 stride-2 convolution with norm. Leaky ReLU is the grammar's only activation."""
+    1×1 stride-2 convolution with norm. Leaky ReLU is the grammar's only activation.
+
+    `after_block` makes a module to follow every residual block, e.g. a NOS calibration:
+    `resnet(after_block=lambda: computation("channel_attention"))` (a tree of
+    `grammars/einspace_plus.pcfg`)."""
 
     def block(d: int, stride: int, projection: bool) -> Module:
         main = seq(conv(d, 3, stride), norm(), act(), conv(d, 3, 1), norm())
         shortcut = seq(conv(d, 1, stride), norm()) if projection else identity()
-        return seq(residual(main, shortcut), act())
+        done = seq(residual(main, shortcut), act())
+        return done if after_block is None else seq(done, after_block())
 
     stem = seq(conv(widths[0]), norm(), act(), conv(widths[0], 3, 2))
     stages, previous = [], widths[0]

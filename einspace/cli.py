@@ -214,7 +214,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     for name in list_ops(args.pattern):
         op = get_op(name)
         arguments = ", ".join(f"{a.name}: {a.kind.__name__}" for a in op.arguments)
-        doc = (type(op).__doc__ or "").strip().splitlines()[0] if type(op).__doc__ else ""
+        doc = op.description or (type(op).__doc__ or "").strip().partition("\n")[0]
         print(f"{name}({arguments})  [{op.group.value}]  {doc}")
     return 0
 
