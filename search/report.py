@@ -47,6 +47,19 @@ def _stats(tree: str, config: dict[str, Any]) -> str:
     )
 
 
+def metric_lines(metrics: dict[str, float]) -> list[str]:
+    """The plain metrics on one line; then a line per group of `group/name` metrics (auxiliary
+    loss terms, a network loss's report, each trainable module's effective architecture)."""
+    plain = [f"{k} {v:.6g}" for k, v in sorted(metrics.items()) if "/" not in k and k != "fitness"]
+    groups: dict[str, list[str]] = {}
+    for key, value in sorted(metrics.items()):
+        group, _, name = key.rpartition("/")
+        if group:
+            groups.setdefault(group, []).append(f"{name} {value:.6g}")
+    lines = ["  ".join(plain)] if plain else []
+    return lines + [f"{group}: {'  '.join(values)}" for group, values in groups.items()]
+
+
 def _default_budget(name: str) -> int | str:
     """The strategy's default `evaluations` when the experiment left it out ("?" if unknown)."""
     import inspect
@@ -216,14 +229,12 @@ def report(run_dir: str | Path, top: int = 5, plot: bool = True) -> str:
         lines.append(f"  failed x{n}: {reason}")
     lines.append("")
     for rank, r in enumerate(best_records(history, top), 1):
-        metrics = "  ".join(f"{k} {v:.6g}" for k, v in sorted(r.metrics.items()) if k != "fitness")
         lines.append(
             f"#{rank}  fitness {r.fitness:.6g}  id {r.id}  {r.origin}"
             + (f" of {', '.join(map(str, r.parents))}" if r.parents else "")
             + (f"  seconds {r.seconds:.2f}" if r.seconds is not None else "")
         )
-        if metrics:
-            lines.append(f"    {metrics}")
+        lines.extend(f"    {line}" for line in metric_lines(r.metrics))
         lines.append(f"    {_stats(r.tree, config)}")
         lines.append(f"    {r.tree}")
     write_csv(history, run_dir / "evaluations.csv")

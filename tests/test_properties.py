@@ -54,7 +54,8 @@ from einspace.tree import (
 )
 
 #: (grammar, input shape): images of several sizes, a non-square one, and token sequences
-#: (which the paper grammar also derives, through its col-mode rules).
+#: (which the paper grammar also derives, through its col-mode rules); the extended grammar
+#: on three image shapes (16 channels in, so that calibrations apply from the first layer).
 CASES = [
     ("einspace", (3, 32, 32)),
     ("einspace", (1, 24, 24)),
@@ -62,6 +63,10 @@ CASES = [
     ("einspace", (1, 64, 128)),
     ("einspace", (64, 128)),
     ("einspace_1d", (64, 128)),
+    # the paper's space with every extra terminal (NOS, XD, DNArch), on three image shapes
+    ("einspace_plus", (3, 32, 32)),
+    ("einspace_plus", (16, 24, 20)),
+    ("einspace_plus", (3, 40, 48)),
 ]
 CASE_IDS = [f"{g}-{'x'.join(map(str, s))}" for g, s in CASES]
 

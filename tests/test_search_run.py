@@ -257,3 +257,24 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
     e = experiment(tmp_path / "run", evaluator=slow)
     s = open_store(e)
     assert len(s.history()) == 40 and not s.running()
+
+
+def test_report_groups_auxiliary_and_architecture_metrics():
+    from einspace.search.report import metric_lines
+
+    metrics = {
+        "fitness": 0.9,
+        "valid_accuracy": 0.9,
+        "params": 1200.0,
+        "aux/complexity": 0.04,
+        "complexity/flops_effective": 1.5e6,
+        "complexity/flops_nominal": 3e6,
+        "arch/backbone.2/width": 20.0,
+        "arch/backbone.2/width_nominal": 32.0,
+    }
+    assert metric_lines(metrics) == [
+        "params 1200  valid_accuracy 0.9",
+        "arch/backbone.2: width 20  width_nominal 32",
+        "aux: complexity 0.04",
+        "complexity: flops_effective 1.5e+06  flops_nominal 3e+06",
+    ]

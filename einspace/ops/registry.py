@@ -170,6 +170,7 @@ def _load_builtin_ops() -> None:
     if not _builtins_loaded:
         _builtins_loaded = True
         import einspace.ops.core  # noqa: F401  (each import registers its operations)
+        import einspace.ops.dnarch  # noqa: F401
         import einspace.ops.nos  # noqa: F401
 
 
