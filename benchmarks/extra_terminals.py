@@ -7,7 +7,9 @@ module, built through the operation registry exactly as a compiled tree builds i
 against its baseline on the same input, and printed as ratios measured in the same run
 (absolute times on shared machines mean little):
   - NOS calibrations: a plain 3×3 convolution of the same width (what they are added to);
-  - XD-operations: the convolution they are warm-started at (same k, s, p, width);
+  - XD-operations: the convolution they are warm-started at (same k, s, p, width); the XD
+    computes on each axis padded to a power of two (32 + 1 -> 64: four times the pixels),
+    so a 32x32 input is its worst case and 30x30 (-> 32) its best;
   - DNArch terminals: the same operation unmasked (a plain convolution, linear, identity or
     residual stack of the same nominal size).
 
@@ -39,9 +41,9 @@ def conv3x3(state: FeatureState) -> nn.Module:
     return nn.Conv2d(channels, channels, 3, padding=1)
 
 
-def conv(d: int, k: int) -> Callable[[FeatureState], nn.Module]:
-    """A plain convolution to d channels, k×k, same padding."""
-    return lambda state: nn.Conv2d(state.shape[0], d, k, padding=k // 2)
+def conv(d: int, k: int, s: int = 1, p: int | None = None) -> Callable[[FeatureState], nn.Module]:
+    """A plain convolution to d channels, k×k, stride s, padding p (default: same)."""
+    return lambda state: nn.Conv2d(state.shape[0], d, k, stride=s, padding=k // 2 if p is None else p)
 
 
 class FourierRoundTrip(nn.Module):
@@ -91,6 +93,9 @@ ROWS = [
     Row("NOS", "channel_calibrate", {}, conv3x3, "conv 3x3", branches=2),
     Row("NOS", "spatial_calibrate", {}, conv3x3, "conv 3x3", branches=2),
     Row("NOS", "dynamic_calibrate", {"k": 3}, conv3x3, "conv 3x3", branches=2),
+    Row("XD", "xd", {"d": 32, "k": 3, "s": 1, "p": 1}, conv(32, 3), "conv 3x3 (its warm start)"),
+    Row("XD", "xd", {"d": 32, "k": 3, "s": 2, "p": 1}, conv(32, 3, 2), "conv 3x3, stride 2"),
+    Row("XD", "xd", {"d": 32, "k": 4, "s": 4, "p": 0}, conv(32, 4, 4, 0), "conv 4x4, stride 4"),
     Row("DNArch", "dnarch_kernel", {"k": 5, "d": 32}, conv(32, 5), "conv 5x5"),
     Row("DNArch", "dnarch_width", {"d": 32}, conv(32, 1), "conv 1x1 (linear)"),
     Row("DNArch", "dnarch_resolution", {}, lambda state: FourierRoundTrip(), "rfft2 + irfft2"),
@@ -155,7 +160,7 @@ def main() -> None:
         f"{torch.get_num_threads()} thread(s), fastest of {args.repeats} steps (forward+backward)"
     )
     header = (
-        f"{'family':<7} {'terminal':<28} {'baseline':<22} {'time':>6} {'memory':>7} {'ms':>8} {'params':>9}"
+        f"{'family':<7} {'terminal':<28} {'baseline':<26} {'time':>6} {'memory':>7} {'ms':>8} {'params':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -163,7 +168,7 @@ def main() -> None:
         m = measure(row, state, args.batch, args.repeats)
         call = row.op + (f"({', '.join(f'{k}={v}' for k, v in row.args.items())})" if row.args else "")
         print(
-            f"{row.family:<7} {call:<28} {row.baseline_name:<22} {m['time']:>5.2f}x {m['memory']:>6.2f}x "
+            f"{row.family:<7} {call:<28} {row.baseline_name:<26} {m['time']:>5.2f}x {m['memory']:>6.2f}x "
             f"{m['ms']:>8.2f} {m['params']:>9,}"
         )
     print("time, memory: the terminal's step over its baseline's; ms and params: the terminal's own")

@@ -1,23 +1,59 @@
-"""einspace: write a grammar, sample networks that are valid by construction, compile them to torch."""
+"""einspace: write a grammar, sample networks that are valid by construction, compile them to torch.
 
-from einspace.checker import CheckedTree, check_tree, statistics
-from einspace.compiler import Network, compile_backbone, compile_network
-from einspace.errors import EinspaceError
-from einspace.grammar.model import Grammar
-from einspace.ops.registry import Operation, get_op, list_ops, register_op
-from einspace.sampler import Limits, Sampler, sample_tree
-from einspace.state import FeatureState, input_state
-from einspace.tree import content_hash, load_tree, parse_tree, pretty, to_text
-from einspace.variation import Variation
+The names below are imported on first use (PEP 562), so that `import einspace.tree` or the
+search strategies do not pull in torch: only what builds modules needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "CheckedTree": "einspace.checker",
+    "check_tree": "einspace.checker",
+    "statistics": "einspace.checker",
+    "Network": "einspace.compiler",
+    "compile_backbone": "einspace.compiler",
+    "compile_network": "einspace.compiler",
+    "EinspaceError": "einspace.errors",
+    "TreeError": "einspace.errors",
+    "Grammar": "einspace.grammar.model",
+    "parse_grammar": "einspace.grammar.parser",
+    "Operation": "einspace.ops.registry",
+    "get_op": "einspace.ops.registry",
+    "list_ops": "einspace.ops.registry",
+    "register_op": "einspace.ops.registry",
+    "Limits": "einspace.sampler",
+    "Sampler": "einspace.sampler",
+    "sample_tree": "einspace.sampler",
+    "ExactSampler": "einspace.exact_sampler",
+    "SAMPLING_MODES": "einspace.sampling",
+    "make_sampler": "einspace.sampling",
+    "FeatureState": "einspace.state",
+    "input_state": "einspace.state",
+    "content_hash": "einspace.tree",
+    "load_tree": "einspace.tree",
+    "parse_tree": "einspace.tree",
+    "pretty": "einspace.tree",
+    "to_text": "einspace.tree",
+    "Variation": "einspace.variation",
+    "load_grammar": "einspace.grammar.parser",
+}
 
 __all__ = [
     "CheckedTree",
     "EinspaceError",
+    "ExactSampler",
     "FeatureState",
+    "Grammar",
     "Limits",
     "Network",
     "Operation",
+    "SAMPLING_MODES",
     "Sampler",
+    "TreeError",
     "Variation",
     "check_tree",
     "compile_backbone",
@@ -28,6 +64,8 @@ __all__ = [
     "list_ops",
     "load_grammar",
     "load_tree",
+    "make_sampler",
+    "parse_grammar",
     "parse_tree",
     "pretty",
     "register_op",
@@ -36,9 +74,29 @@ __all__ = [
     "to_text",
 ]
 
+if TYPE_CHECKING:
+    from einspace.checker import CheckedTree, check_tree, statistics
+    from einspace.compiler import Network, compile_backbone, compile_network
+    from einspace.errors import EinspaceError, TreeError
+    from einspace.exact_sampler import ExactSampler
+    from einspace.grammar.model import Grammar
+    from einspace.grammar.parser import load_grammar, parse_grammar
+    from einspace.ops.registry import Operation, get_op, list_ops, register_op
+    from einspace.sampler import Limits, Sampler, sample_tree
+    from einspace.sampling import SAMPLING_MODES, make_sampler
+    from einspace.state import FeatureState, input_state
+    from einspace.tree import content_hash, load_tree, parse_tree, pretty, to_text
+    from einspace.variation import Variation
 
-def load_grammar(name_or_path: str = "einspace") -> Grammar:
-    """Load and validate a grammar file, by path or bundled name (`einspace` = the paper's space)."""
-    from einspace.bundled import load
 
-    return load(name_or_path)
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'einspace' has no attribute {name!r}")
+    module = importlib.import_module(_EXPORTS[name])
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -105,7 +105,7 @@ class _Checker:
             raise self.fail(path, str(exc)) from None
         args = dict(node.args)
         try:
-            out = op.infer(signal, args)
+            out = op.transfer(signal, args)
         except Infeasible as exc:
             raise self.fail(path, f"{node.op} cannot apply to {describe(signal)}: {exc}") from None
         except (KeyError, TypeError) as exc:

@@ -13,7 +13,9 @@ from einspace.checker import CheckedTree, check_tree, statistics
 from einspace.errors import EinspaceError
 from einspace.grammar.model import Grammar
 from einspace.ops.registry import get_op, list_ops
-from einspace.sampler import Limits, Sampler
+from einspace.plugins import load_plugins
+from einspace.sampler import Limits
+from einspace.sampling import SAMPLING_MODES, make_sampler
 from einspace.state import describe, parse_input
 from einspace.tree import (
     Nonterminal,
@@ -75,7 +77,7 @@ def _stats_line(checked: CheckedTree) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from einspace.grammar.analysis import analyse, format_analysis
+    from einspace.grammar.analysis import analyse, format_analysis, never_taken
 
     grammar = load(args.grammar)
     rules = grammar.rules
@@ -87,9 +89,29 @@ def cmd_check(args: argparse.Namespace) -> int:
     origins = _rule_origins(grammar)
     if origins:
         print(origins)
-    analysis = analyse(grammar, mode=args.mode)
-    print(format_analysis(analysis, contexts=args.contexts))
-    if not analysis.consistent and not args.allow_inconsistent:
+    analyses = [analyse(grammar, mode=mode) for mode in ([args.mode] if args.mode else ("im", "col"))]
+    derivable = [a for a in analyses if a.derivable or a.infinite]
+    if not args.mode:
+        modes = " and ".join(a.mode for a in derivable) or "neither mode"
+        print(f"input modes: {grammar.start} can be derived from {modes} inputs (--mode to choose one)")
+        analyses = derivable or analyses
+    for analysis in analyses:
+        print(format_analysis(analysis, contexts=args.contexts))
+    unused = never_taken(grammar, analyses)
+    if unused:
+        print(f"never taken ({len(unused)}): no input of these modes reaches them where they can apply")
+        print("\n".join(f"  {line}" for line in unused))
+    if args.verify:
+        from einspace.ops.verify import verify_operations
+
+        if not args.input:
+            raise EinspaceError("--verify builds operations on sampled trees: give --input C,H,W (or S,D)")
+        problems = verify_operations(grammar, parse_input(args.input, args.mode), args.verify)
+        print(f"verified the operations of {args.verify} sampled trees: {len(problems) or 'no'} problems")
+        if problems:
+            print("\n".join(f"  {p}" for p in problems))
+            return 1
+    if not all(a.consistent for a in analyses) and not args.allow_inconsistent:
         print(
             "refused: the grammar is inconsistent (spectral radius >= 1): sampling may never end. "
             "Raise the probability of terminating alternatives, or pass --allow-inconsistent.",
@@ -118,11 +140,16 @@ def _rule_origins(grammar: Grammar) -> str:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
+    from einspace.grammar.analysis import require_consistent
+
     grammar = load(args.grammar)
     state = parse_input(args.input, args.mode)
-    sampler = Sampler(grammar, state, _limits(args), random_seed=args.random_seed)
+    require_consistent(grammar, state.mode, args.allow_inconsistent)
+    sampler = make_sampler(grammar, state, _limits(args), args.sampling, args.random_seed)
     out_dir = Path(args.out) if args.out else None
     if out_dir:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise EinspaceError(f"--out {out_dir} is a file; give a directory for the tree files")
         out_dir.mkdir(parents=True, exist_ok=True)
     for i in range(args.n):
         tree = sampler.sample()
@@ -155,6 +182,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         from einspace.render import to_dot
 
         print(to_dot(tree, Path(args.tree).stem))
+        return 0
+    if args.render:
+        from einspace.pictures import render
+
+        print(f"wrote {render(checked, args.render, Path(args.tree).stem, args.view)}")
         return 0
     print(f"# {args.tree}  hash {content_hash(tree)}")
     print(f"# {_stats_line(checked)}")
@@ -219,6 +251,63 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a tree or seed as one PyTorch file (and its weights); see einspace.export."""
+    import torch
+
+    from einspace.compiler import compile_network
+    from einspace.export import class_name, export_tree, load_weights, save_weights
+    from einspace.seeds import load_seed
+
+    grammar = load(args.grammar)
+    state = parse_input(args.input, args.mode)
+    tree = load_tree(args.tree) if Path(args.tree).is_file() else load_seed(args.tree, grammar, state)
+    checked = check_tree(tree, grammar, state)
+    name = args.name or class_name(Path(args.tree).stem)
+    torch.manual_seed(args.random_seed)
+    network = compile_network(checked, classes=args.classes)
+    if args.load:
+        load_weights(network, args.load)
+    exported = export_tree(checked, name=name, network=network)
+    _write(args.out, exported.source)
+    params = sum(p.numel() for p in network.parameters())
+    print(f"wrote {args.out}: class {name}, {params:,} parameters, needs torch only")
+    if args.weights:
+        save_weights(exported.state_dicts[name], args.weights)
+        print(f"wrote {args.weights}: load it with torch.load({args.weights!r}, weights_only=True)")
+    return 0
+
+
+def cmd_import_model(args: argparse.Namespace) -> int:
+    """Trace a PyTorch model and write the tree that computes it; see einspace.fx_import."""
+    import torch
+
+    from einspace.export import save_weights
+    from einspace.fx_import import import_model, load_factory
+
+    grammar = load(args.grammar)
+    state = parse_input(args.input, args.mode)
+    model = load_factory(args.model)
+    torch.manual_seed(args.random_seed)  # the fresh weights of substituted layers
+    imported = import_model(model, state, grammar, substitute=args.substitute)
+    _write(args.out, imported.tree_file(f"einspace import-model {args.model} --input {args.input}"))
+    for line in imported.substitutions:
+        print(f"substituted: {line}")
+    print(f"wrote {args.out}: {_stats_line(check_tree(imported.tree, grammar, state))}")
+    if args.weights:
+        save_weights(imported.state_dict, args.weights)
+        head = f"classes={imported.classes}" if imported.classes else "no head: compile_backbone"
+        print(f"wrote {args.weights}: the model's weights for compile_network(tree, input, {head})")
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise EinspaceError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def _add_package_commands(package: str, sub: argparse._SubParsersAction) -> None:
     """Let `einspace.search` and `einspace.evaluators` add their own subcommands: each may have
     a `cli` module with `add_commands(subparsers)`, so this file needn't know them."""
@@ -233,14 +322,31 @@ def _add_package_commands(package: str, sub: argparse._SubParsersAction) -> None
     module.add_commands(sub)
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a positive integer, or a message saying so."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="einspace", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="parse and validate a grammar; print its consistency analysis")
     check.add_argument("grammar", help="grammar file, or a bundled name such as 'einspace'")
-    check.add_argument("--mode", choices=("im", "col"), default="im", help="input mode for the analysis")
+    check.add_argument(
+        "--mode", choices=("im", "col"), help="input mode to analyse (default: each mode the grammar takes)"
+    )
     check.add_argument("--allow-inconsistent", action="store_true", help="exit 0 even if rho >= 1")
+    check.add_argument("--input", metavar="SHAPE", help="input shape for --verify, e.g. 3,32,32")
+    check.add_argument(
+        "--verify",
+        type=_positive,
+        metavar="N",
+        help="sample N trees and run every operation in them, comparing its module with its infer "
+        "and param_count (for plugin authors)",
+    )
     check.add_argument(
         "--contexts",
         action="store_true",
@@ -251,10 +357,19 @@ def build_parser() -> argparse.ArgumentParser:
     sample = sub.add_parser("sample", help="sample derivation trees and print them with statistics")
     sample.add_argument("grammar", help="grammar file, or a bundled name such as 'einspace'")
     _add_input(sample)
-    sample.add_argument("-n", type=int, default=1, help="how many trees")
+    sample.add_argument("-n", type=_positive, default=1, help="how many trees")
+    sample.add_argument(
+        "--allow-inconsistent", action="store_true", help="sample even if the grammar has rho >= 1"
+    )
     sample.add_argument("--random-seed", type=int, default=None, help="random seed (same seed, same trees)")
     sample.add_argument("--format", choices=("text", "pretty", "json"), default="text")
     sample.add_argument("--out", help="also write each tree to DIR/tree_NNNN.tree")
+    sample.add_argument(
+        "--sampling",
+        choices=tuple(SAMPLING_MODES),
+        default="paper",
+        help="paper: backtracking (the paper's sampler); exact: the grammar's distribution given validity",
+    )
     _add_limits(sample)
     sample.set_defaults(run=cmd_sample)
 
@@ -266,6 +381,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--dot",
         action="store_true",
         help="print a Graphviz picture instead (coloured by operation group, as in the paper)",
+    )
+    show.add_argument(
+        "--render",
+        metavar="FILE",
+        help="write a picture instead, by extension: .png or .svg (see --view), .html (both, and the text)",
+    )
+    show.add_argument(
+        "--view",
+        choices=("tree", "graph"),
+        default="tree",
+        help="for --render to PNG/SVG: the derivation tree or the data-flow graph (default: tree)",
     )
     show.set_defaults(run=cmd_show)
 
@@ -281,6 +407,41 @@ def build_parser() -> argparse.ArgumentParser:
     ops = sub.add_parser("ops", help="list the registered operations")
     ops.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'im2*'")
     ops.set_defaults(run=cmd_ops)
+
+    export = sub.add_parser("export", help="write a tree or seed as one self-contained PyTorch file")
+    export.add_argument("tree", help="a tree file or a bundled seed name such as 'resnet18'")
+    _add_input(export)
+    export.add_argument("--classes", type=_positive, required=True, help="classes of the head")
+    export.add_argument("--out", required=True, metavar="FILE.py", help="the Python file to write")
+    export.add_argument("--grammar", default="einspace", help="grammar to check the tree against")
+    export.add_argument("--name", help="the class name (default: from the tree file or seed name)")
+    export.add_argument("--weights", metavar="FILE", help="also write its state_dict (torch weights-only)")
+    export.add_argument(
+        "--load", metavar="FILE", help="weights of the compiled network (torch.save of its state_dict)"
+    )
+    export.add_argument("--random-seed", type=int, default=0, help="initialisation when no --load")
+    export.set_defaults(run=cmd_export)
+
+    imports = sub.add_parser("import-model", help="trace a PyTorch model and write its derivation tree")
+    imports.add_argument("model", metavar="MODULE:FACTORY", help="e.g. my_models.py:resnet or pkg.mod:Net")
+    _add_input(imports)
+    imports.add_argument("--out", required=True, metavar="FILE.tree", help="the tree file to write")
+    imports.add_argument("--grammar", default="einspace", help="grammar the tree must belong to")
+    imports.add_argument(
+        "--substitute", action="store_true", help="use the closest expressible operations and say which"
+    )
+    imports.add_argument("--weights", metavar="FILE", help="also write the weights for compile_network")
+    imports.add_argument("--random-seed", type=int, default=0, help="initialisation of substituted layers")
+    imports.set_defaults(run=cmd_import_model)
+
+    for command in sub.choices.values():
+        command.add_argument(
+            "--plugin",
+            action="append",
+            default=[],
+            metavar="MODULE_OR_FILE",
+            help="import a module or .py file that registers operations or evaluators first (repeatable)",
+        )
     return parser
 
 
@@ -288,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: errors a person can fix are printed without a traceback, exit status 2."""
     args = build_parser().parse_args(argv)
     try:
+        load_plugins(args.plugin)
         return args.run(args)
     except EinspaceError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -128,6 +128,11 @@ class BranchLinear(Kernel):
         self.combine = combine
         self.image = isinstance(linears[0], _modules.ChannelLinear)
 
+    @property
+    def linears(self) -> tuple[nn.Linear, ...]:
+        """The branches' linears, in branch order (einspace.export writes them out)."""
+        return self._linears
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights = [m.weight for m in self._linears]
         biases = [m.bias for m in self._linears]
@@ -184,6 +189,11 @@ class Attention(Kernel):
         self._heads = tuple(heads)
         self.combine = combine
         self.kind = "attention" if combine is None else "multi_head_attention"
+
+    @property
+    def heads(self) -> tuple[_Head, ...]:
+        """The heads' parts, in branch order (einspace.export writes them out)."""
+        return self._heads
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._heads[0].linears is not None and x.dim() == 3:

@@ -1,4 +1,4 @@
-"""Top-down, attribute-checked sampling of derivation trees with chronological backtracking.
+"""The `paper` sampling mode: top-down, attribute-checked sampling with chronological backtracking.
 
 Each symbol is expanded left to right carrying the signal (the features' attributes). An
 alternative is drawn with its probability among those not yet tried; an operation's
@@ -11,6 +11,10 @@ generators; see `_COMPLETIONS_PER_CHOICE`), so a sample never fails a forward pa
 The search is bounded by a step budget per attempt; an attempt that exhausts it is restarted
 with the random stream where it stands, and after `max_attempts` the sampler gives up with a
 message. Nothing waits on a clock and nothing runs a network.
+
+Renormalising locally and backtracking make this distribution differ from the grammar's
+conditioned on validity (it favours larger trees: `benchmarks/sampling.py` measures by how much);
+`einspace.exact_sampler` is the mode that draws from the latter.
 """
 
 from __future__ import annotations
@@ -46,7 +50,11 @@ Derivation = tuple[Node, Signal, int, int]
 @dataclass(frozen=True)
 class Limits:
     """Bounds on sampled trees. Depth counts non-terminal levels; nodes count terminals and
-    non-terminals; the parameter budget uses the operations' analytic counts."""
+    non-terminals; the parameter budget uses the operations' analytic counts.
+
+    `max_steps` bounds the paper mode's backtracking per attempt and `max_attempts` its restarts;
+    the exact mode gives up after `max_attempts` x 100 rejected drafts (`einspace.exact_sampler`).
+    """
 
     max_depth: int = 40
     max_nodes: int = 2000
@@ -121,7 +129,7 @@ class Sampler:
                 self.limits.max_nodes,
                 self._param_budget(),
             ),
-            accept=lambda d: len(d[1]) == 1 and _depth(d[0]) >= self.limits.min_depth,
+            accept=lambda d: len(d[1]) == 1 and tree_depth(d[0]) >= self.limits.min_depth,
             what=f"tree of {self.grammar.start} for input {describe(self.input)}",
         )
         return tree[0]
@@ -260,7 +268,7 @@ class Sampler:
         op = get_op(op_name)
         kwargs = dict(args)
         try:
-            result = (op.infer(signal, kwargs), op.param_count(signal, kwargs))
+            result = (op.transfer(signal, kwargs), op.param_count(signal, kwargs))
         except Infeasible:
             result = None
         self._infer[key] = result
@@ -359,7 +367,7 @@ def _minimum_sizes(grammar: Grammar) -> tuple[dict[str, float], dict[str, float]
     return nodes, height
 
 
-def _depth(root: Node) -> int:
+def tree_depth(root: Node) -> int:
     """Non-terminal levels of a tree (parallel and repeat groupings are transparent)."""
     deepest = 0
     stack: list[tuple[Node, int]] = [(root, 0)]
@@ -381,6 +389,9 @@ def sample_tree(
     input: FeatureState | Signal,
     random_seed: int | None = None,
     limits: Limits | None = None,
+    sampling: str = "paper",
 ) -> Node:
-    """One tree: the convenience form of `Sampler(...).sample()`."""
-    return Sampler(grammar, input, limits, random_seed).sample()
+    """One tree from a sampler of the given mode (`einspace.sampling`: `paper` or `exact`)."""
+    from einspace.sampling import make_sampler  # imported here: the exact mode builds on this module
+
+    return make_sampler(grammar, input, limits, sampling, random_seed).sample()

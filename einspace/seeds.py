@@ -14,7 +14,7 @@ from einspace.checker import check_tree
 from einspace.errors import EinspaceError, TreeError
 from einspace.grammar.model import Grammar
 from einspace.state import FeatureState, Signal, describe
-from einspace.tree import Node, load_tree
+from einspace.tree import Node, load_tree, read_text_file
 
 __all__ = ["list_seeds", "load_seed", "seed_description", "seed_path"]
 
@@ -37,7 +37,7 @@ def seed_description(name_or_path: str | Path) -> str:
     """What a seed is: the first line of its file's `#` header, without the `#` and a leading
     `name:` (empty if the file has no header)."""
     path = seed_path(name_or_path)
-    for line in path.read_text().splitlines():
+    for line in read_text_file(path, "tree file").splitlines():
         if line.lstrip().startswith("#"):
             text = line.lstrip()[1:].strip()
             return text.removeprefix(f"{path.stem}:").strip()

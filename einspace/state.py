@@ -72,8 +72,10 @@ def input_state(shape: tuple[int, ...] | list[int], mode: str | None = None) -> 
 
 def parse_input(text: str, mode: str | None = None) -> FeatureState:
     """Parse a CLI input such as `3,32,32` (im) or `64,128` (col)."""
-    try:
-        dims = [int(part) for part in text.replace("x", ",").split(",") if part.strip()]
-    except ValueError:
-        raise EinspaceError(f"cannot read input shape {text!r}; write it like 3,32,32 or 64,128") from None
-    return input_state(dims, mode)
+    parts = text.replace("x", ",").split(",")
+    if not all(part.strip().isdigit() for part in parts):
+        raise EinspaceError(
+            f"cannot read input shape {text!r}: expected positive integers separated by commas, "
+            "like 3,32,32 (im: C,H,W) or 64,128 (col: S,D)"
+        )
+    return input_state([int(part) for part in parts], mode)

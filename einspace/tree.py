@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -237,6 +238,13 @@ def parse_tree(text: str, path: str = "<string>") -> Node:
     """Parse the bracket form (one-line or pretty). Syntax only: see `check_tree` for meaning."""
     try:
         tree = _parser().parse(text)
+        return _ToTree().transform(tree)
+    except RecursionError:
+        raise TreeSyntaxError(
+            f"the tree is nested too deeply to read (Python's recursion limit, {sys.getrecursionlimit()}, "
+            "was reached)",
+            Location(path, 1, 1),
+        ) from None
     except UnexpectedInput as exc:
         expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
         names = ", ".join(_TOKEN_WORDS.get(t, t) for t in expected)
@@ -246,7 +254,6 @@ def parse_tree(text: str, path: str = "<string>") -> Node:
             what = f"unexpected {str(found)!r}"
         message = f"{what} in tree" + (f"; expected {names}" if names else "")
         raise TreeSyntaxError(message, Location(path, exc.line, exc.column), text) from None
-    return _ToTree().transform(tree)
 
 
 _TOKEN_WORDS = {
@@ -266,12 +273,20 @@ _TOKEN_WORDS = {
 }
 
 
+def read_text_file(path: str | Path, what: str) -> str:
+    """A file's text; a missing, unreadable or binary file is an EinspaceError saying which."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        problem = f"is not UTF-8 text (byte {exc.start}); is it the right file?"
+        raise EinspaceError(f"{what} {path} {problem}") from None
+    except OSError as exc:
+        raise EinspaceError(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
 def load_tree(path: str | Path) -> Node:
     """Read a tree file (bracket form; `#` comment lines are skipped)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise EinspaceError(f"cannot read tree file {path}: {exc.strerror}") from None
+    text = read_text_file(path, "tree file")
     body = "\n".join("" if line.lstrip().startswith("#") else line for line in text.splitlines())
     return parse_tree(body, str(path))
 

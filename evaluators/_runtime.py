@@ -1,26 +1,41 @@
-"""Where and how a network runs: device, data placement, mixed precision, memory format.
+"""Where and how a network runs: device, data placement, mixed precision, memory format, and
+how a training step's forward pass is launched.
 
 Kept apart from the training loop so the loop reads the same on CPU and GPU. On CUDA the
-data is copied to the device once when it fits in a quarter of the free memory (no per-batch
-host-to-device copies), autocast uses bfloat16 where the card supports it (no loss scaling
-needed) and float16 with a GradScaler otherwise, and networks with 2-d convolutions (what
-lowering makes of im2col·linear·col2im) get channels-last inputs, so cuDNN can pick its
-NHWC kernels. On CPU all of that is off.
+data is copied to the device when it fits in a quarter of the free memory (of this worker's
+share of the GPU, einspace.evaluators.worker) and kept there for the worker's next evaluation
+(einspace.evaluators.data_cache), so there are no per-batch host-to-device copies; autocast
+uses bfloat16 where the card supports it (no loss scaling needed) and float16 with a
+GradScaler otherwise, and networks with 2-d convolutions (what lowering makes of
+im2col·linear·col2im) get channels-last inputs, so cuDNN can pick its NHWC kernels. On CPU all
+of that is off.
+
+Step modes (`step_mode`) cut the host's work per step for small networks, whose steps are bound
+by kernel launches: `cuda_graphs` records the training forward and backward once as CUDA graphs
+and replays them (CUDA only: elsewhere it runs eagerly), `compile` and `compile_cuda_graphs`
+hand the network to torch.compile (its default mode, or "reduce-overhead", which adds CUDA
+graphs); compiling costs seconds to minutes per network, so it pays only for long trainings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
+from collections.abc import Callable, Hashable
 
 import numpy as np
 import torch
 from torch import nn
 
 from einspace.errors import EinspaceError
+from einspace.evaluators import data_cache
 from einspace.evaluators.optim import Optimizers
+from einspace.evaluators.worker import gpu_share
 
 #: Fraction of the free device memory the data may take before it stays on the host.
 _DATA_FRACTION = 0.25
+#: What `step_mode` may be (see the module docstring).
+STEP_MODES = ("eager", "cuda_graphs", "compile", "compile_cuda_graphs")
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -58,8 +73,9 @@ class Runtime:
         if cuda:
             torch.backends.cudnn.benchmark = not deterministic
             torch.backends.cudnn.deterministic = deterministic
-            if deterministic:
-                torch.use_deterministic_algorithms(True, warn_only=True)
+            # set either way: a persistent worker must not carry it over from an earlier evaluation
+            torch.use_deterministic_algorithms(deterministic, warn_only=True)
+            self.synchronize()  # creates the CUDA context on first use, so it is timed here
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """Move the model to the device; channels-last where it has 2-d convolutions on CUDA."""
@@ -71,15 +87,53 @@ class Runtime:
             return model.to(self.device, memory_format=torch.channels_last)
         return model.to(self.device)
 
-    def data(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """The arrays as tensors: on the device when they fit, else in (pinned) host memory."""
-        tx, ty = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+    def data(
+        self, x: np.ndarray, y: np.ndarray, key: Hashable | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The arrays as tensors: on the device when they fit, else in (pinned) host memory. On
+        CUDA, arrays given a `key` are kept for later calls with the same key (and device)."""
         if self.device.type != "cuda":
-            return tx, ty
-        free, _ = torch.cuda.mem_get_info(self.device)
-        if tx.numel() * tx.element_size() < _DATA_FRACTION * free:
+            return _tensors(x, y)
+        if key is None:
+            return self._placed(x, y)
+        return data_cache.cached((key, str(self.device)), lambda: self._placed(x, y))
+
+    def _placed(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        tx, ty = _tensors(x, y)
+        free, total = torch.cuda.mem_get_info(self.device)
+        share = gpu_share()
+        room = free if share is None else min(free, share * total)
+        if tx.nbytes + ty.nbytes < _DATA_FRACTION * room:
             return tx.to(self.device), ty.to(self.device)
         return tx.pin_memory(), ty.pin_memory()
+
+    def synchronize(self) -> None:
+        """Wait for the device (on CUDA), so that a phase's wall time includes its kernels."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def training_forward(
+        self, model: nn.Module, mode: str, sample: torch.Tensor
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The forward pass a training step calls under `mode` (STEP_MODES), given a batch shaped
+        like every full batch; None for plain `model(x)` (eager, or graphs off CUDA)."""
+        if mode == "compile":
+            return torch.compile(model)
+        if mode == "compile_cuda_graphs":
+            return torch.compile(model, mode="reduce-overhead")
+        if mode != "cuda_graphs" or self.device.type != "cuda":
+            return None
+        eager = type(model).forward.__get__(model)
+        # make_graphed_callables runs warm-up passes, which move batch-norm statistics: undo that
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        dtype = self.dtype or torch.bfloat16
+        with torch.autocast("cuda", dtype=dtype, enabled=self.dtype is not None, cache_enabled=False):
+            torch.cuda.make_graphed_callables(model, (sample,))
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                v.copy_(state[k])
+        batch = len(sample)
+        return lambda x: model(x) if len(x) == batch else eager(x)  # the last batch may be short
 
     def batch(
         self, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor
@@ -113,4 +167,13 @@ class Runtime:
     def release(self) -> None:
         """Free cached device memory after a failure, so the next evaluation starts clean."""
         if self.device.type == "cuda":
+            data_cache.clear()
             torch.cuda.empty_cache()
+
+
+def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensors sharing the arrays' memory; arrays memory-mapped read-only from a dataset's files
+    are never written through them, so torch's warning about that is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))

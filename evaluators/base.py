@@ -83,6 +83,11 @@ class Evaluator(ABC):
 
     name: ClassVar[str]
 
+    def check(self, input: FeatureState) -> None:  # noqa: B027 - optional
+        """Raise EinspaceError if no tree could be evaluated for `input` (a dataset that is missing,
+        malformed or of another shape): called once before a search, so that a problem every
+        evaluation would hit stops it at the start with one clear message."""
+
     @abstractmethod
     def evaluate(
         self, tree: Any, input: FeatureState, grammar: Grammar, random_seed: int

@@ -127,7 +127,7 @@ def _validate(arrays: dict[str, np.ndarray], name: str, classes: int | None) -> 
         if y.min() < 0:
             raise EinspaceError(f"{name}: {split}_y has a negative label {int(y.min())}")
         if classes is None and split == "train":
-            classes = int(y.max()) + 1
+            classes = _classes_from_labels(y, name)
         if classes is not None and y.max() >= classes:
             raise EinspaceError(
                 f"{name}: {split}_y has label {int(y.max())} out of range: the training labels give "
@@ -135,6 +135,23 @@ def _validate(arrays: dict[str, np.ndarray], name: str, classes: int | None) -> 
             )
         out[f"{split}_x"], out[f"{split}_y"] = x, y
     return out
+
+
+def _classes_from_labels(y: np.ndarray, name: str) -> int:
+    """The class count the training labels imply, 1 + the largest; refused when it cannot be a
+    classification (one class) or when the labels leave most of 0..max unused (labels that are
+    ids or codes rather than class indices: a head of that width would train to nothing)."""
+    classes = int(y.max()) + 1
+    used = len(np.unique(y))
+    if used < 2:
+        label = int(y.max())
+        raise EinspaceError(f"{name}: train_y has one class ({label}); a classification needs two or more")
+    if used < classes / 2:
+        raise EinspaceError(
+            f"{name}: train_y uses {used} distinct labels but the largest is {classes - 1}; class labels "
+            f"must be 0..classes-1 (relabel them, e.g. with numpy.unique(y, return_inverse=True))"
+        )
+    return classes
 
 
 def _dense_targets(y: np.ndarray, name: str, split: str, train_y: np.ndarray | None) -> np.ndarray:
@@ -185,12 +202,17 @@ def load_arrays(path: str | Path, name: str | None = None) -> Dataset:
             raise EinspaceError(f"cannot read {path} as a .npz file: {exc}") from None
     else:
         raise EinspaceError(f"no dataset at {path}")
-    return Dataset(name, **arrays)
+    try:
+        return Dataset(name, **arrays)
+    except EinspaceError as exc:
+        raise EinspaceError(f"{exc} (in {path})") from None
 
 
 def _load_npy(path: Path) -> np.ndarray:
+    """The array memory-mapped read-only: worker processes on one machine share its pages (the
+    page cache) instead of each holding a copy, and only what is used is read."""
     try:
-        return np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False, mmap_mode="r")
     except (OSError, ValueError) as exc:
         raise EinspaceError(f"cannot read {path} as a .npy file: {exc}") from None
 

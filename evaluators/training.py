@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,8 @@ import torch
 from torch import nn
 
 from einspace.checker import CheckedTree, check_tree
-from einspace.evaluators._runtime import Runtime, out_of_memory
+from einspace.errors import EinspaceError
+from einspace.evaluators._runtime import STEP_MODES, Runtime, out_of_memory
 from einspace.evaluators._settings import require, settings_from
 from einspace.evaluators.auxiliary import AuxiliaryObjective, check_auxiliary_settings
 from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evaluator
@@ -82,6 +84,7 @@ class TrainingSettings:
     threads: int | None = None  # torch CPU threads (e.g. 1 per worker when workers share cores)
     eval_batch_size: int = 1024
     lower: bool = True  # compile recognised patterns to fast kernels (einspace.lowering)
+    step_mode: str = "eager"  # eager | cuda_graphs | compile | compile_cuda_graphs (evaluators._runtime)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "milestones", tuple(float(m) for m in self.milestones))
@@ -107,6 +110,7 @@ class TrainingSettings:
         require(
             self.channels_last in ("auto", True, False), "setting channels_last must be auto, true or false"
         )
+        require(self.step_mode in STEP_MODES, f"setting step_mode must be one of {', '.join(STEP_MODES)}")
         require(
             self.metric in (None, "accuracy", "relative_l2"),
             f"unknown metric {self.metric!r}; expected accuracy or relative_l2",
@@ -147,6 +151,21 @@ def _check_input(dataset: Dataset, input: FeatureState) -> None:
         )
 
 
+class _Laps:
+    """Wall time of the consecutive phases of a run, as `time/<phase>` metrics: where the fixed
+    cost of an evaluation goes (device start, building, data, autotuning in the first step)."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.mark = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        """The phase `phase` ends now (and the next begins)."""
+        now = time.perf_counter()
+        self.times[f"time/{phase}"] = now - self.mark
+        self.mark = now
+
+
 def _train(
     checked: CheckedTree,
     objective: Objective,
@@ -154,11 +173,15 @@ def _train(
     evaluation: tuple[np.ndarray, np.ndarray],
     settings: TrainingSettings,
     random_seed: int,
+    data_keys: tuple[Hashable | None, Hashable | None] = (None, None),
 ) -> dict[str, float]:
     """Build, train and score one network: eval_loss and eval_metric on `evaluation`, the
-    training loss and metric of the last epoch, size and time."""
+    training loss and metric of the last epoch, size, and time per phase. `data_keys` name the
+    train and evaluation arrays for the device's data cache (None: not cached)."""
     started = time.perf_counter()
+    laps = _Laps()
     runtime = Runtime(settings.device, settings.amp, settings.channels_last, settings.deterministic)
+    laps("device")
     threads = torch.get_num_threads()
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
@@ -168,9 +191,7 @@ def _train(
         model = objective.build(checked, settings.lower)
         params = sum(p.numel() for p in model.parameters())
         model = runtime.prepare_model(model)
-        train_x, train_y = runtime.data(*train)
-        eval_x, eval_y = runtime.data(*evaluation)
-        n = len(train_y)
+        n = len(train[1])
         steps_per_epoch = math.ceil(n / settings.batch_size)
         optimizers = build_optimizer(
             model,
@@ -187,9 +208,16 @@ def _train(
         )
         auxiliary = AuxiliaryObjective(model, checked, settings.auxiliary_losses)
         constrained = any(callable(getattr(m, "constrain_architecture", None)) for m in model.modules())
+        laps("build")
+        train_x, train_y = runtime.data(*train, key=data_keys[0])
+        eval_x, eval_y = runtime.data(*evaluation, key=data_keys[1])
+        laps("data")
         check_every = 1 if runtime.device.type == "cpu" else 25  # each check syncs a GPU
         train_loss = train_metric = 0.0
         auxiliary_terms: dict[str, float] = {}
+        model.train()
+        forward, applied = _step_forward(model, runtime, settings, auxiliary, constrained, train_x)
+        laps("capture")
         for epoch in range(settings.epochs):
             model.train()
             order = torch.randperm(n, generator=shuffle)
@@ -199,7 +227,7 @@ def _train(
                 index = order[step * settings.batch_size : (step + 1) * settings.batch_size]
                 x, y = runtime.batch(train_x, train_y, index)
                 with runtime.autocast():
-                    output = model(x).float()
+                    output = forward(x).float()
                     loss = objective.loss(output, y)
                     extra = auxiliary()
                 optimizers.zero_grad()
@@ -221,10 +249,17 @@ def _train(
                         f"time budget of {settings.max_seconds:g} s exceeded in epoch {epoch + 1} "
                         f"of {settings.epochs}"
                     )
+                if epoch == step == 0:
+                    runtime.synchronize()
+                    laps("first_step")  # lazy initialisation, cuDNN autotuning, compilation
             train_loss, train_metric = float(loss_sum) / n, float(metric_sum) / n
             auxiliary_terms = auxiliary.epoch_metrics()
+        laps("steps")
         eval_loss, eval_metric = _score(model, objective, eval_x, eval_y, settings.eval_batch_size, runtime)
+        laps("validation")
         extras = {**auxiliary_terms, **auxiliary.final_metrics(), **architecture_metrics(model)}
+        if settings.step_mode != "eager":
+            extras["step_mode_applied"] = float(applied)
     except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
         if out_of_memory(exc):
             runtime.release()
@@ -241,8 +276,32 @@ def _train(
         "flops": float(checked.flops),
         "epochs": float(settings.epochs),
         **extras,
+        **laps.times,
         "seconds": time.perf_counter() - started,
     }
+
+
+def _step_forward(
+    model: nn.Module,
+    runtime: Runtime,
+    settings: TrainingSettings,
+    auxiliary: AuxiliaryObjective,
+    constrained: bool,
+    train_x: torch.Tensor,
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], bool]:
+    """The forward pass of a training step under `step_mode`, and whether the mode applies. CUDA
+    graphs replay fixed buffers, so networks whose modules add loss terms or constrain their
+    parameters after a step (trainable terminals) run eagerly; so does everything off CUDA."""
+    if settings.step_mode == "eager":
+        return model, False
+    if settings.step_mode != "compile":
+        terms = any(callable(getattr(m, "auxiliary_losses", None)) for m in model.modules())
+        if constrained or terms or auxiliary.network_losses:
+            return model, False
+    first = torch.arange(min(len(train_x), settings.batch_size))
+    sample, _ = runtime.batch(train_x, train_x, first)  # a full batch, on the device, in its format
+    forward = runtime.training_forward(model, settings.step_mode, sample)
+    return (model, False) if forward is None else (forward, True)
 
 
 @torch.no_grad()
@@ -277,6 +336,14 @@ class TrainingEvaluator(Evaluator):
     def __init__(self, **settings: Any):
         self.settings = settings_from(TrainingSettings, self.name, settings)
 
+    def check(self, input: FeatureState) -> None:
+        dataset = load_dataset(self.settings.dataset)
+        try:
+            _check_input(dataset, input)
+        except EvaluationFailed as exc:
+            raise EinspaceError(str(exc)) from None
+        objective_for(dataset, self.settings.metric, self.settings)
+
     def evaluate(
         self, tree: Any, input: FeatureState, grammar: Grammar, random_seed: int
     ) -> dict[str, float]:
@@ -288,7 +355,8 @@ class TrainingEvaluator(Evaluator):
         _check_budget(checked, s, objective.budget_classes)
         train = _subset(dataset.train_x, dataset.train_y, s.train_subset)
         valid = _subset(dataset.valid_x, dataset.valid_y, s.valid_subset)
-        metrics = _train(checked, objective, train, valid, s, random_seed)
+        keys = ((dataset, "train", s.train_subset), (dataset, "valid", s.valid_subset))
+        metrics = _train(checked, objective, train, valid, s, random_seed, keys)
         value, loss = metrics.pop("eval_metric"), metrics.pop("eval_loss")
         named = {f"valid_{objective.metric}": value, "valid_loss": loss}
         return {"fitness": objective.fitness(value), **named, **metrics}

@@ -5,3 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -q "$@"
+# The notebooks, executed top to bottom (about 2 minutes); skipped when pytest was given arguments.
+if [ $# -eq 0 ]; then
+  .venv/bin/python -m pytest -q notebooks
+fi

@@ -26,6 +26,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="join an existing Ray cluster ('auto' for the local one started by `ray start`)",
     )
     search.add_argument("--run-dir", default=None, help="override the experiment's run_dir")
+    search.add_argument(
+        "--evaluations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate until the run has N in all (extends a finished search; overrides the file)",
+    )
     search.add_argument("--quiet", action="store_true", help="no progress output")
     search.set_defaults(run=cmd_search)
 
@@ -33,7 +40,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("run_dir", help="the run directory (holds search.sqlite)")
     rep.add_argument("--top", type=int, default=5, help="how many of the best architectures to show")
     rep.add_argument("--no-plot", action="store_true", help="skip fitness.png")
+    rep.add_argument("--full", action="store_true", help="print each tree's full one-line text, not folded")
+    rep.add_argument(
+        "--html",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="also write a self-contained HTML report with pictures (default FILE: RUN_DIR/report.html)",
+    )
     rep.set_defaults(run=cmd_report)
+
+    from einspace.search import learn
+
+    learn.add_command(sub)  # learn-probabilities
 
 
 class _Progress:
@@ -76,21 +95,31 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     from einspace.search.config import Experiment, load_experiment
     from einspace.search.loop import open_store, run_search
-    from einspace.search.report import final_summary
+    from einspace.search.report import final_summary, succeeded
 
     experiment = load_experiment(args.experiment)
-    if args.run_dir:
-        experiment = Experiment({**experiment.data, "run_dir": args.run_dir}, experiment.source)
+    changes: dict[str, Any] = {"run_dir": args.run_dir} if args.run_dir else {}
+    if args.evaluations is not None:
+        strategy = experiment["strategy"]
+        settings = {**strategy["settings"], "evaluations": args.evaluations}
+        changes["strategy"] = {**strategy, "settings": settings}
+    if args.plugin:  # the workers load them too
+        given = [str(Path(p).resolve()) if p.endswith(".py") else p for p in args.plugin]
+        changes["plugins"] = [*experiment["plugins"], *(p for p in given if p not in experiment["plugins"])]
+    if changes:
+        experiment = Experiment({**experiment.data, **changes}, experiment.source)
+    experiment.check_evaluator()
     run_dir = Path(experiment.run_dir)
     store = open_store(experiment, run_dir)
     strategy = experiment.strategy()
-    done = len(store.history())
-    if done >= strategy.evaluations:
+    history = store.history()
+    if len(history) >= strategy.evaluations:
         store.close()
         if not args.quiet:
-            print(f"{run_dir} is complete ({done} evaluations)", file=sys.stderr)
+            print(f"{run_dir} is complete ({len(history)} evaluations)", file=sys.stderr)
             print(final_summary(run_dir))
-        return 0
+        return 0 if succeeded(history) else 1
+    done = len(history)
     progress = _Progress(strategy.evaluations, done, args.quiet)
     if not args.quiet:
         verb = "resuming" if done else "starting"
@@ -137,11 +166,30 @@ def cmd_search(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         print(final_summary(run_dir))
-    return 0
+    if _run_succeeded(run_dir):
+        return 0
+    if args.quiet:
+        print(final_summary(run_dir), file=sys.stderr)
+    return 1
+
+
+def _run_succeeded(run_dir: Any) -> bool:
+    """Whether any evaluation of the run has a fitness (a search where all failed exits 1)."""
+    from einspace.search.report import open_run, succeeded
+
+    store, _ = open_run(run_dir)
+    try:
+        return succeeded(store.history())
+    finally:
+        store.close()
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from einspace.search.report import report
 
-    print(report(args.run_dir, args.top, not args.no_plot))
+    print(report(args.run_dir, args.top, not args.no_plot, args.full))
+    if args.html is not None:
+        from einspace.search.html_report import write_html_report
+
+        print(f"wrote {write_html_report(args.run_dir, args.html or None, args.top)}")
     return 0

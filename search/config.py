@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ _SPEC: dict[str, Any] = {
     "run_dir": ((str, None), None),
     "random_seed": ((int,), 0),
     "grammar": ((str,), "einspace"),
+    "sampling": ((str,), "paper"),  # sampling mode (einspace.sampling): paper | exact
+    "allow_inconsistent": ((bool,), False),  # search a grammar with rho >= 1 all the same
     "input": {"shape": ((list,), _REQUIRED), "mode": ((str, None), None)},
     "limits": {
         "max_depth": ((int,), 40),
@@ -42,6 +45,8 @@ _SPEC: dict[str, Any] = {
         "timeout_s": ((*_NUMBER, None), None),
         "fresh_process": ((bool, None), None),
         "local_cpus": ((int, None), None),
+        "packing": ((str,), "fixed"),  # fixed: num_gpus each; memory: a share from the tree's memory
+        "gpu_memory_gb": ((*_NUMBER, None), None),  # memory packing: the GPUs' size (None: ask one)
     },
 }
 
@@ -114,8 +119,15 @@ class Experiment:
         return Path(self.data["run_dir"] or Path("runs") / self.data["name"])
 
     def identity(self) -> dict[str, Any]:
-        """What must not change when a run is resumed (executor resources may)."""
-        return {k: v for k, v in self.data.items() if k not in _RESUMABLE_CHANGES}
+        """What must not change when a run is resumed: everything but the executor, names and the
+        number of evaluations (raising it extends a finished search), plus the *content* of the
+        grammar files and plugin files, so that editing one in place counts as a change."""
+        data = {k: v for k, v in self.data.items() if k not in _RESUMABLE_CHANGES}
+        settings = {k: v for k, v in data["strategy"]["settings"].items() if k != "evaluations"}
+        data["strategy"] = {**data["strategy"], "settings": settings}
+        data["grammar_content"] = grammar_digest(self.data["grammar"])
+        data["plugin_content"] = {p: _file_digest(Path(p)) for p in self.data["plugins"] if p.endswith(".py")}
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.data, sort_keys=True)
@@ -132,7 +144,20 @@ class Experiment:
         state = input_state(tuple(self.data["input"]["shape"]), self.data["input"]["mode"])
         limits = Limits(**self.data["limits"])
         seeds = [(Path(s).stem, to_text(load_seed(s, grammar, state))) for s in self.data["seeds"]]
-        return SearchSpace(grammar, state, limits, seeds)
+        return SearchSpace(grammar, state, limits, seeds, self.data["sampling"])
+
+    def check_evaluator(self) -> None:
+        """The evaluator's own check of the task (e.g. its dataset against the input), as a
+        ConfigError: run once before a search so that a problem every evaluation would hit stops
+        it with one message."""
+        from einspace.evaluators.base import get_evaluator
+        from einspace.state import input_state
+
+        e, i = self.data["evaluator"], self.data["input"]
+        try:
+            get_evaluator(e["name"], e["settings"]).check(input_state(tuple(i["shape"]), i["mode"]))
+        except EinspaceError as exc:
+            raise ConfigError(f"{self.source}: evaluator {e['name']!r}: {exc}") from None
 
     def strategy(self, space: Any = None):  # noqa: ANN201 - Strategy
         from einspace.search.strategy import get_strategy
@@ -170,7 +195,31 @@ class Experiment:
             x["fresh_process"],
             self.data["plugins"],
             x["local_cpus"],
+            packing=x["packing"],
+            gpu_memory_gb=x["gpu_memory_gb"],
         )
+
+
+def grammar_digest(grammar: str) -> str:
+    """SHA-256 over the text of every file a grammar is composed of (paths left out, so that a
+    run can move with its files), or of the name alone when it cannot be loaded."""
+    from einspace.bundled import load
+
+    try:
+        loaded = load(grammar)
+    except EinspaceError:
+        return hashlib.sha256(grammar.encode()).hexdigest()
+    digest = hashlib.sha256()
+    for file_digest in sorted(_file_digest(Path(f)) for f in loaded.files):
+        digest.update(file_digest.encode())
+    return digest.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "missing"
 
 
 def _resolve(value: str, base: Path) -> str:
@@ -182,6 +231,7 @@ def _resolve(value: str, base: Path) -> str:
 def parse_experiment(raw: Any, source: str = "<experiment>", base: Path | None = None) -> Experiment:
     """Check a parsed YAML document and everything it names (grammar, seeds, evaluator, strategy)."""
     from einspace.evaluators.base import get_evaluator
+    from einspace.grammar.analysis import require_consistent
     from einspace.search.executors import load_plugins
 
     data = _check(raw, _SPEC, "", source)
@@ -200,17 +250,29 @@ def parse_experiment(raw: Any, source: str = "<experiment>", base: Path | None =
         raise ConfigError(f"{source}: input.shape must be a list of positive integers, got {shape!r}")
     if data["input"]["mode"] not in (None, "im", "col"):
         raise ConfigError(f"{source}: input.mode must be 'im' or 'col', got {data['input']['mode']!r}")
+    from einspace.sampling import SAMPLING_MODES
+
+    if data["sampling"] not in SAMPLING_MODES:
+        known = " or ".join(repr(m) for m in SAMPLING_MODES)
+        raise ConfigError(f"{source}: sampling must be {known}, got {data['sampling']!r}")
     x = data["executor"]
     if x["kind"] not in ("ray", "in_process"):
         raise ConfigError(f"{source}: executor.kind must be 'ray' or 'in_process', got {x['kind']!r}")
     for key in ("max_in_flight", "num_cpus", "num_gpus", "timeout_s"):
         if x[key] is not None and (x[key] < 0 or (key in ("max_in_flight", "timeout_s") and x[key] <= 0)):
             raise ConfigError(f"{source}: executor.{key} must be positive, got {x[key]!r}")
+    if x["packing"] not in ("fixed", "memory") or (x["packing"] == "memory" and not x["num_gpus"]):
+        raise ConfigError(
+            f"{source}: executor.packing must be 'fixed' or 'memory' (with num_gpus > 0, the largest "
+            f"share), got {x['packing']!r} with num_gpus {x['num_gpus']!r}"
+        )
     experiment = Experiment(data, source)
     try:
         load_plugins(data["plugins"])
         get_evaluator(data["evaluator"]["name"], data["evaluator"]["settings"])
-        experiment.strategy(experiment.space())
+        space = experiment.space()
+        require_consistent(space.grammar, space.input.mode, data["allow_inconsistent"])
+        experiment.strategy(space)
     except ConfigError:
         raise
     except EinspaceError as exc:

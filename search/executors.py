@@ -3,22 +3,22 @@ know which strategy asked, so any strategy runs on any executor."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import socket
-import sys
 import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from hashlib import sha1
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Result, Task, run_task
+from einspace.evaluators.worker import after_evaluation, settle, warm_up
+from einspace.plugins import load_plugins as load_user_plugins
+from einspace.search.packing import SMALLEST_SHARE, gpu_share, training_bytes
+from einspace.search.ray_local import start_local_ray, stop_local_ray
 
 __all__ = ["Executor", "Finished", "InProcessExecutor", "RayExecutor", "evaluate_in_worker", "load_plugins"]
 
@@ -54,31 +54,11 @@ class Executor(ABC):
 
 
 def load_plugins(plugins: Sequence[str]) -> None:
-    """Import user modules (a dotted name or a .py file) that register evaluators or operations;
-    run in the driver and in every worker, so a registry is the same everywhere. Idempotent."""
+    """The bundled evaluators, then the user's plugins (einspace.plugins); run in the driver and
+    in every worker, so a registry is the same everywhere. Idempotent."""
     import einspace.evaluators  # noqa: F401 - the bundled evaluators register themselves on import
 
-    for plugin in plugins:
-        if plugin.endswith(".py") or os.sep in plugin:
-            path = Path(plugin).resolve()
-            name = f"einspace_plugin_{path.stem}_{sha1(str(path).encode()).hexdigest()[:8]}"
-            if name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None or not path.is_file():
-                raise EinspaceError(f"plugin file {str(path)!r} not found")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-        else:
-            try:
-                importlib.import_module(plugin)
-            except ModuleNotFoundError as exc:
-                raise EinspaceError(f"plugin module {plugin!r} cannot be imported: {exc}") from None
+    load_user_plugins(plugins)
 
 
 def _worker_name() -> str:
@@ -86,13 +66,15 @@ def _worker_name() -> str:
 
 
 def evaluate_in_worker(task: dict[str, Any], plugins: Sequence[str]) -> dict[str, Any]:
-    """The body of one Ray task: plain data in, plain data out (no pickled modules cross the wire)."""
+    """The body of one Ray task: plain data in, plain data out (no pickled modules cross the wire).
+    `recycle` says why the process should not run another evaluation (None: it may)."""
     try:
         load_plugins(plugins)
         result = run_task(Task.from_json(task))
     except Exception as exc:  # noqa: BLE001 - a plugin that fails to import is a failed evaluation
         result = Result.failure(f"worker could not start the evaluation: {type(exc).__name__}: {exc}")
-    return {"result": result.to_json(), "worker": _worker_name()}
+    recycle = after_evaluation(result.error)
+    return {"result": result.to_json(), "worker": _worker_name(), "recycle": recycle}
 
 
 class InProcessExecutor(Executor):
@@ -122,21 +104,43 @@ class InProcessExecutor(Executor):
 
 
 class _EvaluationWorker:
-    """A Ray actor that evaluates tasks; `ready` answers once its process is up (so a timeout
-    counts from when an evaluation can start, not from a process start or a queue)."""
+    """A Ray actor that evaluates tasks; `ready` answers once its process is up and warmed (so a
+    timeout counts from when an evaluation can start, not from a process start or a queue)."""
+
+    def __init__(self, plugins: Sequence[str], gpu_share: float):
+        self.plugins, self.gpu_share = plugins, gpu_share
+        self.first = True
 
     def ready(self) -> str:
+        try:
+            warm_up(self.gpu_share or None)
+            load_plugins(self.plugins)
+        except Exception:  # noqa: BLE001 - the first evaluation fails with the reason instead
+            pass
+        settle()
         return _worker_name()
 
-    def evaluate(self, task: dict[str, Any], plugins: Sequence[str]) -> dict[str, Any]:
-        return evaluate_in_worker(task, plugins)
+    def evaluate(self, task: dict[str, Any]) -> dict[str, Any]:
+        out = evaluate_in_worker(task, self.plugins)
+        if self.first:  # what it imported lazily is permanent too
+            settle()
+            self.first = False
+        return out
+
+
+def _gpu_memory() -> int:
+    """Bytes of memory of the GPU this process sees (0 without CUDA): run as a Ray task."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
 
 
 @dataclass
 class _Slot:
-    """One worker actor, and when it became ready (None while its process is starting)."""
+    """One worker actor, its share of a GPU, and when it became ready (None while starting)."""
 
     actor: Any
+    share: float
     created: float
     ready_at: float | None = None
 
@@ -151,19 +155,28 @@ class _Job:
 #: A worker that has not started after this long (say, it asked for a GPU no node has free) fails
 #: its evaluation rather than hanging the search.
 STARTUP_TIMEOUT_S = 600.0
+#: How the GPU share of an evaluation is chosen (executor.packing).
+PACKINGS = ("fixed", "memory")
 
 
 class RayExecutor(Executor):
-    """Evaluations run in Ray worker actors, each holding the configured `num_cpus`/`num_gpus`
-    (fractions allowed) so Ray's scheduler places them over a pool of GPUs across nodes. Only
-    tree text and settings cross the wire.
+    """Evaluations run in Ray worker actors, each holding `num_cpus` and a share of a GPU, so
+    Ray's scheduler places them over a pool of GPUs across nodes (it sets CUDA_VISIBLE_DEVICES
+    per worker). Only tree text and settings cross the wire.
 
-    With `fresh_process` (the default whenever GPUs are requested) each evaluation gets its own
-    actor, killed when it finishes, so the GPU memory its process held is released. CPU-only
-    evaluations reuse up to `max_in_flight` actors by default, which saves a process start (and a
-    torch import) per evaluation. A timeout counts from when the evaluation's worker is ready; a
-    timed-out worker is killed. A worker or node that dies yields a failed result with the reason,
-    a new worker is started for the next evaluation, and the search goes on.
+    Workers are persistent by default: up to `max_in_flight` of them are reused, each keeping its
+    imports, CUDA context and cached data across evaluations (einspace.evaluators.worker cleans
+    up after each). A worker that reports an out-of-memory or CUDA error, or leaked device
+    memory, is replaced by a fresh process. With `fresh_process` every evaluation gets a new
+    worker, killed when it finishes. A timeout counts from when the evaluation's worker is ready;
+    a timed-out worker is killed. A worker or node that dies yields a failed result with the
+    reason, and the search goes on.
+
+    GPU shares: `packing="fixed"` gives every evaluation `num_gpus` (fractions pack several on
+    one GPU); `packing="memory"` sizes each evaluation's share from its tree's estimated training
+    memory (einspace.search.packing), at most `num_gpus`, on GPUs of `gpu_memory_gb` (asked of a
+    GPU worker when not given). Then evaluations wait in the executor until their share fits,
+    and idle workers of other sizes are stopped to make room.
     """
 
     def __init__(
@@ -176,12 +189,19 @@ class RayExecutor(Executor):
         fresh_process: bool | None = None,
         plugins: Sequence[str] = (),
         local_cpus: int | None = None,
+        packing: str = "fixed",
+        gpu_memory_gb: float | None = None,
     ):
         import ray
 
+        if packing not in PACKINGS:
+            raise EinspaceError(f"executor.packing must be one of {', '.join(PACKINGS)}, got {packing!r}")
+        if packing == "memory" and num_gpus <= 0:
+            raise EinspaceError("executor.packing memory needs executor.num_gpus > 0 (the largest share)")
         self._ray = ray
         self.max_in_flight = max_in_flight
         self.timeout_s = timeout_s
+        self.num_gpus = num_gpus
         self.plugins = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins]
         load_plugins(self.plugins)  # fail fast in the driver rather than in every worker
         self._owns_ray = False
@@ -189,29 +209,50 @@ class RayExecutor(Executor):
             if address:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
             else:
-                # address="local": a fresh instance for this run, never a cluster found lying around
-                ray.init(address="local", num_cpus=local_cpus, include_dashboard=False, log_to_driver=False)
+                start_local_ray(num_cpus=local_cpus)
             self._owns_ray = True
-        if num_gpus > 0 and not ray.cluster_resources().get("GPU"):
-            if self._owns_ray:
-                ray.shutdown()
-            raise EinspaceError(f"executor.num_gpus is {num_gpus:g} but the Ray cluster has no GPUs")
-        self.fresh = num_gpus > 0 if fresh_process is None else fresh_process
-        self._actor_class = ray.remote(_EvaluationWorker).options(
-            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0
-        )
-        self._idle: list[_Slot] = []
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if num_gpus > 0 and not gpus:
+            self._refuse(f"executor.num_gpus is {num_gpus:g} but the Ray cluster has no GPUs")
+        self.fresh = bool(fresh_process)
+        self._options = {"num_cpus": num_cpus, "max_restarts": 0, "max_task_retries": 0}
+        self._capacity: float | None = None  # GPUs the shares must fit in (memory packing only)
+        self._device_bytes = 0
+        if packing == "memory":
+            self._capacity = gpus
+            self._device_bytes = self._gpu_bytes(gpu_memory_gb)
+        self._idle: list[_Slot] = []  # longest idle first
+        self._queue: deque[tuple[int, Task, float]] = deque()  # waiting for room on the GPUs
         self._starting: dict[Any, _Slot] = {}  # ready() ref -> slot
         self._jobs: dict[Any, _Job] = {}  # evaluate() ref -> job
 
+    def _refuse(self, message: str) -> NoReturn:
+        """Stop the Ray instance this executor started, and raise."""
+        if self._owns_ray:
+            stop_local_ray()
+        raise EinspaceError(message)
+
+    def _gpu_bytes(self, gpu_memory_gb: float | None) -> int:
+        if gpu_memory_gb:
+            return int(gpu_memory_gb * 2**30)
+        probe = self._ray.remote(_gpu_memory).options(num_cpus=0, num_gpus=SMALLEST_SHARE)
+        total = self._ray.get(probe.remote(), timeout=STARTUP_TIMEOUT_S)
+        if not total:
+            self._refuse(
+                "executor.packing is memory but the GPU workers see no CUDA device to measure; "
+                "set executor.gpu_memory_gb"
+            )
+        return total
+
     def start_workers(self, wait: bool = False) -> float:
         """Start the reusable workers now, in parallel, rather than on first use; with `wait`,
-        block until they are up. Returns the seconds waited (the start-up a run pays once)."""
+        block until they are up. Returns the seconds waited (the start-up a run pays once).
+        Nothing to start for fresh processes or memory packing (worker sizes follow the trees)."""
         started = time.monotonic()
-        if self.fresh:
+        if self.fresh or self._capacity is not None:
             return 0.0
         while len(self._idle) < self.max_in_flight - len(self._jobs):
-            self._idle.append(self._new_slot())
+            self._idle.append(self._new_slot(self.num_gpus))
         if wait and self._starting:
             refs = list(self._starting)
             self._ray.get(refs)
@@ -220,10 +261,47 @@ class RayExecutor(Executor):
                 self._starting.pop(ref).ready_at = now
         return time.monotonic() - started
 
-    def _new_slot(self) -> _Slot:
-        slot = _Slot(self._actor_class.remote(), time.monotonic())
-        self._starting[slot.actor.ready.remote()] = slot
+    def _new_slot(self, share: float) -> _Slot:
+        options = {**self._options, "num_gpus": share}
+        actor = self._ray.remote(_EvaluationWorker).options(**options).remote(self.plugins, share)
+        slot = _Slot(actor, share, time.monotonic())
+        self._starting[actor.ready.remote()] = slot
         return slot
+
+    def _share(self, task: Task) -> float:
+        if self._capacity is None:
+            return self.num_gpus
+        try:
+            needed = training_bytes(task)
+        except EinspaceError:  # the worker fails it with the reason
+            return min(self.num_gpus, self._capacity)
+        return min(gpu_share(needed, self._device_bytes, self.num_gpus), self._capacity)
+
+    def _held(self) -> float:
+        return sum(s.share for s in self._idle) + sum(j.slot.share for j in self._jobs.values())
+
+    def _take(self, share: float) -> _Slot | None:
+        """An idle worker of this share, else a new one if the GPUs have room for it (stopping
+        idle workers of other shares, longest idle first, to make it); None: wait."""
+        for i in range(len(self._idle) - 1, -1, -1):
+            if self._idle[i].share == share:
+                return self._idle.pop(i)
+        if self._capacity is not None:
+            while self._idle and self._held() + share > self._capacity + 1e-9:
+                self._ray.kill(self._idle.pop(0).actor, no_restart=True)
+            if self._held() + share > self._capacity + 1e-9:
+                return None
+        return self._new_slot(share)
+
+    def _dispatch(self) -> None:
+        while self._queue:
+            key, task, share = self._queue[0]
+            slot = self._take(share)
+            if slot is None:
+                return
+            self._queue.popleft()
+            ref = slot.actor.evaluate.remote(task.to_json())
+            self._jobs[ref] = _Job(key, slot, time.monotonic())
 
     def _retire(self, slot: _Slot, healthy: bool) -> None:
         if healthy and not self.fresh:
@@ -232,13 +310,12 @@ class RayExecutor(Executor):
             self._ray.kill(slot.actor, no_restart=True)
 
     def submit(self, key: int, task: Task) -> None:
-        slot = self._idle.pop() if self._idle else self._new_slot()
-        ref = slot.actor.evaluate.remote(task.to_json(), self.plugins)
-        self._jobs[ref] = _Job(key, slot, time.monotonic())
+        self._queue.append((key, task, self._share(task)))
+        self._dispatch()
 
     @property
     def in_flight(self) -> int:
-        return len(self._jobs)
+        return len(self._jobs) + len(self._queue)
 
     def _deadline(self, job: _Job) -> float:
         if job.slot.ready_at is None:
@@ -248,6 +325,7 @@ class RayExecutor(Executor):
         return max(job.submitted, job.slot.ready_at) + self.timeout_s
 
     def wait(self, timeout: float | None = None) -> list[Finished]:
+        self._dispatch()
         if not self._jobs:
             return []
         ray = self._ray
@@ -274,6 +352,7 @@ class RayExecutor(Executor):
                 else:
                     reason = f"timed out after {self.timeout_s:g} s"
                 finished.append(Finished(job.key, Result.failure(reason, now - job.submitted)))
+        self._dispatch()  # finished evaluations made room
         return finished
 
     def _collect(self, ref: Any) -> Finished:
@@ -285,7 +364,7 @@ class RayExecutor(Executor):
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             reason = f"worker died ({type(exc).__name__}): {first}"
             return Finished(job.key, Result.failure(reason, time.monotonic() - job.submitted))
-        self._retire(job.slot, healthy=True)
+        self._retire(job.slot, healthy=out["recycle"] is None)
         return Finished(job.key, Result.from_json(out["result"]), out["worker"])
 
     def shutdown(self) -> None:
@@ -294,5 +373,6 @@ class RayExecutor(Executor):
         self._idle.clear()
         self._starting.clear()
         self._jobs.clear()
+        self._queue.clear()
         if self._owns_ray:
-            self._ray.shutdown()
+            stop_local_ray()

@@ -47,20 +47,45 @@ def open_store(experiment: Experiment, run_dir: Path | None = None) -> Store:
     """The run's store; a run directory holding a different experiment is refused."""
     run_dir = Path(run_dir or experiment.run_dir)
     store = SQLiteStore(run_dir / STORE_NAME, writer=True)
-    identity = json.dumps(experiment.identity(), sort_keys=True)
+    new = experiment.identity()
     previous = store.get_meta("experiment")
-    if previous is None:
-        store.set_meta("experiment", identity)
-        store.set_meta("config", experiment.to_json())
-    elif previous != identity:
-        old, new = json.loads(previous), experiment.identity()
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    old = json.loads(previous) if previous is not None else new
+    changes = identity_changes(old, new)
+    if changes:
         store.close()
         raise EinspaceError(
-            f"{run_dir} holds a run of a different experiment (changed: {', '.join(changed)}); "
-            "use another run_dir, or restore the experiment file to resume"
+            f"{run_dir} holds a run of a different experiment; changed since it started:\n  "
+            + "\n  ".join(changes)
+            + "\nuse another run_dir, or undo the change to resume (the executor, name and number of "
+            "evaluations may change)"
         )
+    store.set_meta("experiment", json.dumps(new, sort_keys=True))
+    store.set_meta("config", experiment.to_json())
     return store
+
+
+def identity_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: old -> new` for each leaf that differs; keys an older store did not record are skipped."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old:
+            continue
+        a, b = old[key], new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes += identity_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            if key == "grammar_content":
+                changes.append("the grammar's content: a file it is composed of was edited")
+            elif prefix == "plugin_content.":
+                changes.append(f"the content of plugin {key}")
+            else:
+                changes.append(f"{prefix}{key}: {_short(a)} -> {_short(b)}")
+    return changes
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def run_search(

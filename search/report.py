@@ -6,9 +6,10 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from einspace.errors import EinspaceError
+from einspace.plugins import load_plugins
 from einspace.search.loop import STORE_NAME
 from einspace.search.store import Record, SQLiteStore
 
@@ -16,12 +17,19 @@ __all__ = ["best_records", "final_summary", "open_run", "plot_fitness", "report"
 
 
 def open_run(run_dir: str | Path) -> tuple[SQLiteStore, dict[str, Any]]:
-    """The store of an existing run and its experiment config (an error if there is no run there)."""
+    """The store of an existing run and its experiment config, with the run's plugins loaded (an
+    error if there is no run there)."""
     path = Path(run_dir) / STORE_NAME
     if not path.is_file():
         raise EinspaceError(f"{run_dir} is not a search run directory (no {STORE_NAME} in it)")
     store = SQLiteStore(path)
-    return store, json.loads(store.get_meta("config") or "{}")
+    config = json.loads(store.get_meta("config") or "{}")
+    try:
+        load_plugins(config.get("plugins", []))  # the run's own operations and evaluators
+    except EinspaceError as exc:
+        store.close()
+        raise EinspaceError(f"{run_dir} was searched with plugins that no longer load: {exc}") from None
+    return store, config
 
 
 def best_records(history: list[Record], k: int) -> list[Record]:
@@ -45,6 +53,21 @@ def _stats(tree: str, config: dict[str, Any]) -> str:
         f"params {s['params']:,}  FLOPs {s['flops']:,}  depth {s['depth']}  "
         f"terminals {s['terminals']}  output {s['output']}"
     )
+
+
+def failure_reasons(history: list[Record]) -> list[tuple[str, int]]:
+    """(first line of the reason, count) of the failed evaluations, most frequent first."""
+    reasons: dict[str, int] = {}
+    for r in history:
+        if r.status == "failed":
+            reason = (r.error or "?").splitlines()[0][:100]
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return sorted(reasons.items(), key=lambda item: -item[1])
+
+
+def succeeded(history: list[Record]) -> bool:
+    """Whether any evaluation of a run (or a cached copy of one) has a fitness."""
+    return any(r.status != "failed" and r.fitness is not None for r in history)
 
 
 def metric_lines(metrics: dict[str, float]) -> list[str]:
@@ -110,7 +133,7 @@ def write_csv(history: list[Record], path: Path) -> None:
             )
 
 
-def plot_fitness(history: list[Record], path: Path, title: str) -> None:
+def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> None:
     """Each evaluation's fitness in finishing order, failures marked along the bottom, and the best so far."""
     import matplotlib
 
@@ -173,7 +196,8 @@ def final_summary(run_dir: str | Path) -> str:
             f"  {b.tree}",
         ]
     else:
-        lines.append("best: no successful evaluation")
+        lines.append(f"best: no successful evaluation; all {len(history)} failed:")
+        lines.extend(f"  x{n}: {reason}" for reason, n in failure_reasons(history)[:5])
     seeds: dict[str, Record] = {}
     for r in history:
         if r.origin.startswith("seed:") and r.status != "cached":
@@ -196,8 +220,11 @@ def final_summary(run_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
-def report(run_dir: str | Path, top: int = 5, plot: bool = True) -> str:
-    """The report text; also writes RUN_DIR/evaluations.csv and RUN_DIR/fitness.png."""
+def report(run_dir: str | Path, top: int = 5, plot: bool = True, full: bool = False) -> str:
+    """The report text; also writes RUN_DIR/evaluations.csv and RUN_DIR/fitness.png. Trees are
+    printed folded (see `einspace.pictures.folding`), or as their full one-line text (`full`)."""
+    from einspace.search.html_report import console_tree
+
     run_dir = Path(run_dir)
     store, config = open_run(run_dir)
     try:
@@ -220,13 +247,7 @@ def report(run_dir: str | Path, top: int = 5, plot: bool = True) -> str:
         mean = sum(fitnesses) / len(fitnesses)
         sd = math.sqrt(sum((f - mean) ** 2 for f in fitnesses) / max(1, len(fitnesses) - 1))
         lines.append(f"random sampling: mean fitness {mean:.6g} (sd {sd:.3g}, n {len(fitnesses)})")
-    reasons: dict[str, int] = {}
-    for r in history:
-        if r.status == "failed":
-            reason = (r.error or "?").splitlines()[0][:100]
-            reasons[reason] = reasons.get(reason, 0) + 1
-    for reason, n in sorted(reasons.items(), key=lambda x: -x[1])[:5]:
-        lines.append(f"  failed x{n}: {reason}")
+    lines.extend(f"  failed x{n}: {reason}" for reason, n in failure_reasons(history)[:5])
     lines.append("")
     for rank, r in enumerate(best_records(history, top), 1):
         lines.append(
@@ -236,7 +257,7 @@ def report(run_dir: str | Path, top: int = 5, plot: bool = True) -> str:
         )
         lines.extend(f"    {line}" for line in metric_lines(r.metrics))
         lines.append(f"    {_stats(r.tree, config)}")
-        lines.append(f"    {r.tree}")
+        lines.extend(f"    {line}" for line in console_tree(r.tree, config, full).splitlines())
     write_csv(history, run_dir / "evaluations.csv")
     lines.append("")
     lines.append(f"wrote {run_dir / 'evaluations.csv'}")

@@ -147,7 +147,15 @@ class SQLiteStore(Store):
         """`writer=True` takes the run's lock (released on close, or when the process dies, even
         by kill -9), so two searches can never write one run; readers (reports) need no lock."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StoreError(f"the run directory {self.path.parent} is a file, not a directory") from None
+        if self.path.is_file() and self.path.stat().st_size == 0:
+            raise StoreError(
+                f"{self.path} is empty (0 bytes), which no einspace run leaves behind: the file was "
+                "truncated or made by something else. Move it away to start a new run there"
+            )
         self._lock: int | None = None
         if writer:
             self._lock = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)

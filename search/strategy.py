@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from einspace.errors import EinspaceError
+from einspace.exact_sampler import ExactSampler
 from einspace.grammar.model import Grammar
 from einspace.sampler import Limits, Sampler
+from einspace.sampling import make_sampler
 from einspace.state import FeatureState
 from einspace.tree import Node, content_hash, parse_tree, to_text
 from einspace.variation import Variation
@@ -58,13 +60,15 @@ class Candidate:
 
 @dataclass
 class SearchSpace:
-    """What strategies sample and vary: a grammar, an input, limits, and optional seed trees
-    (name, bracket text) in the order they are cycled."""
+    """What strategies sample and vary: a grammar, an input, limits, optional seed trees
+    (name, bracket text) in the order they are cycled, and the sampling mode (`einspace.sampling`;
+    mutation and crossover keep the paper mode's derivations)."""
 
     grammar: Grammar
     input: FeatureState
     limits: Limits = field(default_factory=Limits)
     seeds: list[tuple[str, str]] = field(default_factory=list)
+    sampling: str = "paper"
 
     def seed_trees(self) -> list[tuple[str, Node]]:
         """The seeds parsed, once: a large seed's text takes milliseconds to parse."""
@@ -72,8 +76,8 @@ class SearchSpace:
             self._seed_trees = [(name, parse_tree(text)) for name, text in self.seeds]
         return self._seed_trees
 
-    def sampler(self, rng: random.Random) -> Sampler:
-        return Sampler(self.grammar, self.input, self.limits, rng=rng)
+    def sampler(self, rng: random.Random) -> Sampler | ExactSampler:
+        return make_sampler(self.grammar, self.input, self.limits, self.sampling, rng=rng)
 
     def variation(self, rng: random.Random) -> Variation:
         return Variation(self.grammar, self.input, self.limits, rng=rng)
@@ -238,4 +242,4 @@ def get_strategy(
 
 
 def _load_builtin() -> None:
-    from einspace.search import evolution, random_search  # noqa: F401 - registers the built-ins
+    from einspace.search import eda, evolution, random_search  # noqa: F401 - registers the built-ins

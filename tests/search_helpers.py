@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +52,8 @@ def experiment(run_dir: Path, strategy: dict[str, Any] | None = None, **changes:
 def history_key(records: list) -> list[tuple]:
     """What must agree between two runs of the same seed (timings and workers may differ)."""
     return [(r.seq, r.id, r.tree, r.origin, r.parents, r.status, r.fitness, r.cached_from) for r in records]
+
+
+def where_log(log: Path) -> list[dict]:
+    """Every entry the `test_where` evaluator (search_plugins.py) wrote under `log`."""
+    return [json.loads(line) for path in log.glob("*.jsonl") for line in path.read_text().splitlines()]

@@ -1,14 +1,17 @@
 """Cheap evaluators for the search tests and benchmark, loaded as a plugin (also inside Ray workers).
 
 `test_params` scores a tree analytically from its parameter count (no training, no torch forward);
-`test_faulty` does the same but misbehaves on a deterministic share of trees (by content hash).
+`test_faulty` does the same but misbehaves on a deterministic share of trees (by content hash);
+`test_where` does the same and logs where it ran (process, node, GPUs), for placement tests.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
+from pathlib import Path
 
 from einspace.checker import check_tree
 from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evaluator
@@ -40,7 +43,7 @@ class ParamsEvaluator(Evaluator):
 
 @register_evaluator
 class FaultyEvaluator(Evaluator):
-    """Misbehaves (`fault`: raise, hang, exit, nan, expected) on trees whose hash % every == 0."""
+    """Misbehaves (`fault`: raise, hang, exit, nan, expected, cuda) on trees whose hash % every == 0."""
 
     name = "test_faulty"
 
@@ -60,4 +63,32 @@ class FaultyEvaluator(Evaluator):
                 os._exit(17)
             if self.fault == "nan":
                 return {"fitness": float("nan")}
+            if self.fault == "cuda":
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return _analytic(tree, input, grammar)
+
+
+@register_evaluator
+class WhereEvaluator(Evaluator):
+    """Appends where it ran to `log`/<pid>.jsonl: the process, Ray node, the GPU ids Ray assigned,
+    CUDA_VISIBLE_DEVICES and the GPU share. `batch_size` is read by memory packing only."""
+
+    name = "test_where"
+
+    def __init__(self, log: str, batch_size: int = 256):
+        self.log = Path(log)
+
+    def evaluate(self, tree, input, grammar, random_seed):
+        import ray
+
+        context = ray.get_runtime_context()
+        entry = {
+            "pid": os.getpid(),
+            "node": context.get_node_id(),
+            "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "share": context.get_assigned_resources().get("GPU", 0.0),
+        }
+        with open(self.log / f"{os.getpid()}.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
         return _analytic(tree, input, grammar)

@@ -264,7 +264,10 @@ def test_missing_files(capsys, tmp_path, argv, fragment):
         ("3,0,32", "must be positive"),
         ("1,2,3,4", "has 4 dimensions"),
         ("7", "has 1 dimensions"),
-        ("3,-1,32", "must be positive"),
+        ("3,-1,32", "cannot read input shape '3,-1,32': expected positive integers"),
+        ("3,x,3", "cannot read input shape '3,x,3'"),
+        ("3,,32", "separated by commas, like 3,32,32"),
+        ("3x32x32x", "cannot read input shape"),
     ],
 )
 def test_bad_input_shapes(capsys, tmp_path, shape, fragment):

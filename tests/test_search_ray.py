@@ -1,21 +1,38 @@
-"""Searches on a local Ray instance (2 CPUs): end to end, fault injection, one process per evaluation."""
+"""Searches on a local Ray instance (2 CPUs and 4 declared, fake GPUs): end to end, fault injection,
+persistent workers and fresh processes, placement over GPUs, clean-up after a killed driver."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
 import pytest
-from search_helpers import PLUGIN, experiment, history_key
+from search_helpers import PLUGIN, experiment, history_key, where_log
 
 from einspace.errors import EinspaceError
+from einspace.evaluators.base import Task
+from einspace.search import ray_local
 from einspace.search.executors import RayExecutor
 from einspace.search.loop import open_store, run_search
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
+#: GPUs the local instance declares: Ray schedules and sets CUDA_VISIBLE_DEVICES for them as for
+#: real ones (nothing here touches a device), so placement is tested on any machine.
+FAKE_GPUS = 4
+
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=FAKE_GPUS, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -66,32 +83,66 @@ def test_ray_with_one_in_flight_reproduces_the_in_process_history(tmp_path, shar
     assert history_key(on_ray) == history_key(store.history())
 
 
-@pytest.mark.parametrize(
-    "fault, reason, timeout",
-    [
-        ("raise", "evaluator crashed: RuntimeError: injected failure", None),
-        ("expected", "CUDA out of memory (injected)", None),
-        ("nan", "fitness is nan", None),
-        ("exit", "worker died", None),
-        ("hang", "timed out after 2 s", 2),
-    ],
-)
-def test_faults_become_failed_results_and_the_search_goes_on(tmp_path, shared, fault, reason, timeout):
+#: (fault, the reason recorded, timeout, whether the worker is replaced by a fresh process after it)
+FAULTS = [
+    ("raise", "evaluator crashed: RuntimeError: injected failure", None, False),
+    ("expected", "CUDA out of memory (injected)", None, True),
+    ("cuda", "evaluator crashed: RuntimeError: CUDA error: an illegal memory access", None, True),
+    ("nan", "fitness is nan", None, False),
+    ("exit", "worker died", None, True),
+    ("hang", "timed out after 2 s", 2, True),
+]
+
+
+def faulty_search(tmp_path, executor, fault, reason, timeout):
+    """8 evaluations, a quarter of them faulty: the faults are failed results, the rest succeed.
+    Returns each worker's evaluations, in the order they finished."""
     e = ray_experiment(
         tmp_path,
         evaluator={"name": "test_faulty", "settings": {"fault": fault, "every": 4}},
         strategy={"settings": {"evaluations": 8, "population": 4, "tournament": 2}},
         executor={"timeout_s": timeout},
     )
-    shared.timeout_s = timeout
+    executor.timeout_s = timeout
     try:
-        summary, history = run(e, shared)
+        summary, history = run(e, executor)
     finally:
-        shared.timeout_s = None
+        executor.timeout_s = None
     assert summary.finished and len(history) == 8
     failed = [r for r in history if r.status == "failed"]
     assert failed and all(reason in r.error and r.fitness == float("-inf") for r in failed)
     assert any(r.status == "ok" for r in history)
+    runs = defaultdict(list)
+    for record in history:  # in commit order
+        if record.worker:  # None for a worker that died or was killed
+            runs[record.worker].append(record)
+    return runs
+
+
+@pytest.mark.parametrize("fault, reason, timeout, replaced", FAULTS)
+def test_faults_become_failed_results_and_the_search_goes_on(
+    tmp_path, shared, fault, reason, timeout, replaced
+):
+    """Persistent workers go on after an ordinary failure; after an out-of-memory or CUDA error
+    (or their death) a fresh process takes their place."""
+    runs = faulty_search(tmp_path, shared, fault, reason, timeout)
+    assert any(len(evaluations) > 1 for evaluations in runs.values())  # workers are reused
+    if replaced:  # a failure is the last evaluation of its worker
+        assert all(r.status == "ok" for evaluations in runs.values() for r in evaluations[:-1])
+    else:
+        assert len(runs) <= shared.max_in_flight  # the same workers throughout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, reason, timeout, replaced", FAULTS)
+def test_faults_in_fresh_processes(tmp_path, fault, reason, timeout, replaced):
+    """The same faults with a new process per evaluation (slow: 8 process starts per fault)."""
+    executor = RayExecutor(max_in_flight=2, num_cpus=0.5, fresh_process=True, plugins=[PLUGIN])
+    try:
+        runs = faulty_search(tmp_path, executor, fault, reason, timeout)
+    finally:
+        executor.shutdown()
+    assert all(len(evaluations) == 1 for evaluations in runs.values())
 
 
 def test_fresh_process_gives_each_evaluation_its_own_worker(tmp_path):
@@ -112,46 +163,147 @@ def test_executor_joins_a_running_ray_instead_of_starting_one():
     assert ray.is_initialized()
 
 
-def test_asking_for_gpus_on_a_cluster_without_any_is_an_error():
-    if ray.cluster_resources().get("GPU"):
-        pytest.skip("this machine has GPUs")
+def test_asking_for_gpus_on_a_cluster_without_any_is_an_error(monkeypatch):
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     with pytest.raises(EinspaceError, match="num_gpus is 1 but the Ray cluster has no GPUs"):
         RayExecutor(num_gpus=1)
 
 
-@pytest.mark.slow
-def test_search_joins_a_cluster_started_with_ray_start(tmp_path):
-    """`einspace search --ray-address auto` against `ray start --head` (slow: starts a cluster)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
+def test_evaluations_spread_over_four_gpus_with_their_fractions(tmp_path):
+    """8 workers of half a GPU each on 4 GPUs: two per GPU, each seeing only its own GPU."""
+    log = tmp_path / "where"
+    log.mkdir()
+    e = ray_experiment(
+        tmp_path,
+        evaluator={"name": "test_where", "settings": {"log": str(log)}},
+        strategy={"name": "random_search", "settings": {"evaluations": 16}},
+        executor={"max_in_flight": 8, "num_cpus": 0.125, "num_gpus": 0.5},
+    )
+    summary, history = run(e)
+    assert summary.finished and all(r.status in ("ok", "cached") for r in history)
+    entries = where_log(log)
+    assert len(entries) == summary.evaluated
+    gpu_of = {}
+    for entry in entries:
+        assert entry["share"] == 0.5 and len(entry["gpu_ids"]) == 1
+        assert entry["visible"] == entry["gpu_ids"][0]  # CUDA_VISIBLE_DEVICES names its GPU only
+        assert gpu_of.setdefault(entry["pid"], entry["visible"]) == entry["visible"]  # and keeps it
+    workers_on = defaultdict(set)
+    for pid, gpu in gpu_of.items():
+        workers_on[gpu].add(pid)
+    assert {gpu: len(pids) for gpu, pids in workers_on.items()} == {str(i): 2 for i in range(FAKE_GPUS)}
 
+
+def test_memory_packing_sizes_queues_and_reuses_workers(tmp_path):
+    """Shares from each tree's estimated memory on 16 GiB GPUs: 1/16 for a small batch, 2 GPUs
+    for a huge one. A worker of the right size is reused; an idle one of another size is stopped
+    to make room; a task that does not fit waits for a running one and then reuses its worker."""
+    log = tmp_path / "where"
+    log.mkdir()
+    tree = "(S (M (C linear(d=16))) (M (C leaky_relu)))"  # 2,112 values per example at 1x8x8
+
+    def task(batch_size):
+        return Task(tree, "einspace", (1, 8, 8), "test_where", {"log": str(log), "batch_size": batch_size})
+
+    small, huge = 32, 2**21  # 0.5 GiB + 0.26 MiB -> 1/16; 0.5 + 16.5 GiB -> 2 of 16 GiB GPUs
+    executor = RayExecutor(
+        max_in_flight=3, num_cpus=0.25, num_gpus=4, packing="memory", gpu_memory_gb=16, plugins=[PLUGIN]
+    )
+    results = {}
+
+    def drain():
+        while executor.in_flight:
+            for done in executor.wait(timeout=5):
+                results[done.key] = done
+
+    try:
+        for key in (0, 1):
+            executor.submit(key, task(small))
+            drain()
+        for key in (2, 3, 4):  # 2 + 2 fill the 4 GPUs once the idle small worker is stopped; 4 waits
+            executor.submit(key, task(huge))
+        assert executor.in_flight == 3 and len(executor._queue) == 1
+        drain()
+        assert sorted(slot.share for slot in executor._idle) == [2.0, 2.0]
+    finally:
+        executor.shutdown()
+    assert all(r.result.ok for r in results.values()) and len(results) == 5
+    pid = {key: done.worker.rsplit(":", 1)[1] for key, done in results.items()}
+    shares = {str(entry["pid"]): entry["share"] for entry in where_log(log)}
+    assert [shares[pid[key]] for key in range(5)] == [1 / 16] * 2 + [2.0] * 3
+    assert pid[1] == pid[0] and pid[2] != pid[3] and pid[4] in (pid[2], pid[3])
+
+
+def test_a_killed_drivers_local_ray_is_cleaned_up_at_the_next_start():
+    """SIGKILL leaves the raylet's agents alive; the next local start reaps them."""
+    code = (
+        "import os; from einspace.search.executors import RayExecutor; RayExecutor(local_cpus=1); "
+        "print(os.getpid(), flush=True); import time; time.sleep(300)"
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        pid = int(driver.stdout.readline())
+        record = json.loads((ray_local.RECORDS / f"{pid}.json").read_text())
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    time.sleep(3)  # what dies with the driver has died by now
+    session = record["session_dir"]
+    assert ray_local.session_processes(session), "nothing left behind to clean up"
+    ray_local.reap_orphaned_sessions()  # what start_local_ray does first
+    deadline = time.monotonic() + 10
+    while ray_local.session_processes(session) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not ray_local.session_processes(session)
+    assert not (ray_local.RECORDS / f"{pid}.json").exists()
+
+
+@pytest.mark.slow
+def test_search_over_a_two_node_cluster_started_with_ray_start(tmp_path):
+    """`einspace search --ray-address auto` against a cluster started as users start one: `ray
+    start --head`, and a second node joining it with `ray start --address`, both on this machine
+    with one CPU each; evaluations run on both nodes (slow: starts a cluster)."""
     import yaml
     from search_helpers import BASE, merge
 
-    head = subprocess.Popen(
-        ["ray", "start", "--head", "--num-cpus", "2", "--include-dashboard=false", "--block"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    marker = "/tmp/ray/ray_current_cluster"  # written by `ray start`, removed only by `ray stop`
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}  # a joining node does not pick up the token itself
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    block = ["--num-cpus", "1", "--block"]
+    nodes = [
+        subprocess.Popen(
+            [ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", *block], **quiet
+        )
+    ]
+    marker = Path("/tmp/ray/ray_current_cluster")  # written by `ray start`, removed only by `ray stop`
+    log = tmp_path / "where"
+    log.mkdir()
     try:
         time.sleep(15)
-        raw = merge(BASE, {"run_dir": str(tmp_path / "run"), "executor": {"kind": "ray", "num_cpus": 0.5}})
+        nodes.append(subprocess.Popen([ray_cli, "start", f"--address=127.0.0.1:{port}", *block], **quiet))
+        time.sleep(15)
+        raw = merge(BASE, {"run_dir": str(tmp_path / "run"), "executor": {"kind": "ray", "num_cpus": 1}})
+        raw["executor"]["max_in_flight"] = 2  # one worker per node: each has one CPU
+        raw["evaluator"] = {"name": "test_where", "settings": {"log": str(log)}}
+        raw["strategy"] = {"name": "random_search", "settings": {"evaluations": 8}}
         (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
         code = "import sys; from einspace.cli import main; sys.exit(main(sys.argv[1:]))"
         done = subprocess.run(
             [sys.executable, "-c", code, "search", str(tmp_path / "exp.yaml"), "--ray-address", "auto"],
-            env={**os.environ},
+            env=env,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=300,
         )
         assert done.returncode == 0, done.stderr
+        assert len({entry["node"] for entry in where_log(log)}) == 2
     finally:
-        head.send_signal(signal.SIGTERM)
-        head.wait(60)
-        if os.path.exists(marker):  # else later ray.init() calls would try to join the dead cluster
-            os.remove(marker)
+        for node in reversed(nodes):
+            node.send_signal(signal.SIGTERM)
+            node.wait(60)
+        marker.unlink(missing_ok=True)  # else later ray.init() calls would try to join the dead cluster

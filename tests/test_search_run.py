@@ -140,7 +140,7 @@ def test_async_in_flight_run_completes(tmp_path):
 
 def test_a_run_dir_of_another_experiment_is_refused(tmp_path):
     run(experiment(tmp_path, strategy={"settings": {"evaluations": 12}}))
-    with pytest.raises(EinspaceError, match="different experiment.*random_seed"):
+    with pytest.raises(EinspaceError, match=r"(?s)different experiment.*\n  random_seed: 3 -> 4\n"):
         open_store(experiment(tmp_path, random_seed=4, strategy={"settings": {"evaluations": 12}}))
     # executor resources may change between a run and its resumption
     open_store(

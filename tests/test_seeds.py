@@ -6,17 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from einspace import check_tree, compile_network, load_grammar, statistics
-from einspace.architectures import SEEDS, conv, network, norm, seed_text, seq, vit
+from einspace.architectures import SEEDS, conv, network, norm, seed_text, seq
 from einspace.cli import main
 from einspace.errors import EinspaceError
 from einspace.sampler import Limits
 from einspace.seeds import list_seeds, load_seed, seed_path
 from einspace.state import input_state
-from einspace.tree import pretty
+from einspace.testing.reference_models import MLPMixer, load_from, reference
+from einspace.tree import load_tree, pretty
 
 SEED_DIR = Path(__file__).resolve().parents[1] / "grammars" / "seeds"
 
@@ -24,6 +23,9 @@ SEED_DIR = Path(__file__).resolve().parents[1] / "grammars" / "seeds"
 #: /work/shared/notes), and the rounded totals the paper reports (App. B.1).
 PAPER_CODE = {"resnet18": 11_210_560, "wide_resnet16_4": 2_748_576, "vit": 4_367_872, "mlp_mixer": 6_472_192}
 PAPER_TEXT = {"resnet18": 11.2e6, "wide_resnet16_4": 2.8e6, "vit": 4.4e6, "mlp_mixer": 6.5e6}
+#: Parameters a seed has beyond the paper code's: the Mixer's 9 extra layer norms of 512 (see
+#: test_mlp_mixer_differs_from_the_paper_code_by_nine_layer_norms).
+BEYOND_PAPER_CODE = {"mlp_mixer": 9_216}
 
 #: Which seed fits which input: True, or a phrase of the reason it does not.
 INPUTS = [(3, 64, 64), (3, 32, 32), (1, 24, 24)]
@@ -42,11 +44,22 @@ def grammar():
     return load_grammar("einspace")
 
 
+@pytest.fixture
+def one_thread():
+    """Batches of 2: a thread pool only adds synchronisation, on a machine whose cores are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_bundled_seeds_are_the_builders():
+    """Each seed file holds its builder's tree, as text and as the tree read back from it."""
     assert list_seeds() == sorted(SEEDS)
     for name in SEEDS:  # on failure: python -m einspace.architectures grammars/seeds
         assert seed_path(name).read_text() == seed_text(name)
         assert (SEED_DIR / f"{name}.tree").read_text() == seed_text(name)
+        assert load_tree(SEED_DIR / f"{name}.tree") == SEEDS[name].build()
 
 
 @pytest.mark.parametrize("shape", INPUTS, ids=lambda s: "x".join(map(str, s)))
@@ -88,15 +101,16 @@ def test_user_tree_file_loads_as_a_seed(tmp_path, grammar):
 
 @pytest.mark.parametrize("name", sorted(PAPER_CODE))
 def test_parameter_counts_match_the_paper(grammar, name):
-    """Backbone plus a 10-class head at 3x64x64 within 2% of the paper; the analytic count is
-    the compiled count."""
+    """Backbone plus a 10-class head at 3x64x64 within 2% of the paper's text; the backbone
+    exactly the paper code's, but for the differences stated in BEYOND_PAPER_CODE; the
+    analytic count is the compiled count."""
     state = input_state((3, 64, 64))
     checked = check_tree(load_seed(name, grammar, state), grammar, state)
     net = compile_network(checked, classes=10)
     head = sum(p.numel() for p in net.head.parameters())
     assert sum(p.numel() for p in net.backbone.parameters()) == checked.params
     assert abs(checked.params + head - PAPER_TEXT[name]) / PAPER_TEXT[name] < 0.02
-    assert abs(checked.params - PAPER_CODE[name]) / PAPER_CODE[name] < 0.002
+    assert checked.params == PAPER_CODE[name] + BEYOND_PAPER_CODE.get(name, 0)
 
 
 def test_seeds_are_within_the_default_limits(grammar):
@@ -119,149 +133,61 @@ def test_compiled_seed_runs(grammar, name):
 
 # ----------------------------------------------------------------------------- equivalence
 
-
-def _copy_by_order(source: nn.Module, target: nn.Module) -> None:
-    """Copy parameters and buffers in module order; a linear's weight of a k x k convolution is
-    the conv weight flattened in (channel, row, column) order, as im2col lays patches out."""
-    for kind in ("parameters", "buffers"):
-        src, dst = list(getattr(source, kind)()), list(getattr(target, kind)())
-        assert [s.numel() for s in src] == [d.numel() for d in dst], kind
-        with torch.no_grad():
-            for s, d in zip(src, dst, strict=True):
-                d.copy_(s.reshape(d.shape))
-
-
-class _BasicBlock(nn.Module):
-    def __init__(self, cin: int, d: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, d, 3, stride, 1)
-        self.bn1 = nn.BatchNorm2d(d)
-        self.conv2 = nn.Conv2d(d, d, 3, 1, 1)
-        self.bn2 = nn.BatchNorm2d(d)
-        self.down = nn.Sequential(nn.Conv2d(cin, d, 1, stride), nn.BatchNorm2d(d)) if stride > 1 else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.bn2(self.conv2(F.leaky_relu(self.bn1(self.conv1(x)), 0.01)))
-        return F.leaky_relu(out + (x if self.down is None else self.down(x)), 0.01)
+#: (seed, input, compile modes): each compiled seed against its hand-written plain-torch model
+#: (`einspace.testing.reference_models`, also the benchmark's yardstick). The literal compile
+#: is compared for two seeds here; test_lowering compares it with the lowered one for every seed.
+EQUIVALENCE = [
+    ("resnet18", (3, 32, 32), (True, False)),
+    ("vit", (3, 32, 32), (True, False)),
+    ("resnet_small", (1, 8, 8), (True,)),
+    ("resnet_small", (3, 8, 8), (True,)),
+    ("wide_resnet16_4", (3, 32, 32), (True,)),
+    ("densenet", (3, 32, 32), (True,)),
+    ("mlp_mixer", (3, 64, 64), (True,)),  # the only input it fits
+]
 
 
-class _ResNet18(nn.Module):
-    """torchvision's ResNet-18 layout with the paper's changes: 3x3 stem, stride-2 conv for the
-    max-pool, leaky ReLU; convolutions with bias (einspace's linear has one)."""
-
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 3, 1, 1)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.pool = nn.Conv2d(64, 64, 3, 2, 1)
-        blocks, cin = [], 64
-        for i, d in enumerate((64, 128, 256, 512)):
-            blocks += [_BasicBlock(cin, d, 1 if i == 0 else 2), _BasicBlock(d, d, 1)]
-            cin = d
-        self.blocks = nn.Sequential(*blocks)
-        self.fc = nn.Linear(512, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(F.leaky_relu(self.bn1(self.conv1(x)), 0.01))
-        return self.fc(self.blocks(x).mean(dim=(2, 3)))
-
-
-class _ResNetSmall(nn.Module):
-    """resnet_small in plain torch: 3x3 stem to 16, a basic block of 16, a stride-2 one of 32."""
-
-    def __init__(self, cin: int, classes: int = 10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, 16, 3, 1, 1)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.blocks = nn.Sequential(_BasicBlock(16, 16, 1), _BasicBlock(16, 32, 2))
-        self.fc = nn.Linear(32, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.leaky_relu(self.bn1(self.conv1(x)), 0.01)
-        return self.fc(self.blocks(x).mean(dim=(2, 3)))
-
-
-class _Head(nn.Module):
-    def __init__(self, width: int, d: int):
-        super().__init__()
-        self.q, self.k, self.v = nn.Linear(width, d), nn.Linear(width, d), nn.Linear(width, d)
-
-
-class _PostNormLayer(nn.Module):
-    def __init__(self, width: int, heads: int, d: int, hidden: int):
-        super().__init__()
-        self.heads = nn.ModuleList(_Head(width, d) for _ in range(heads))
-        self.proj = nn.Linear(heads * d, width)
-        self.norm1 = nn.LayerNorm(width)
-        self.fc1, self.fc2 = nn.Linear(width, hidden), nn.Linear(hidden, width)
-        self.norm2 = nn.LayerNorm(width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = (torch.stack([getattr(h, n)(x) for h in self.heads], dim=1) for n in "qkv")
-        attended = F.scaled_dot_product_attention(q, k, v)  # [B, heads, S, d]
-        x = self.norm1(x + self.proj(attended.transpose(1, 2).flatten(2)))
-        return self.norm2(x + self.fc2(F.leaky_relu(self.fc1(x), 0.01)))
-
-
-class _ViT(nn.Module):
-    """Patch embedding as a strided conv, learnable positions, post-norm layers, token-mean head."""
-
-    def __init__(self, tokens: int, layers: int = 4, width: int = 512, heads: int = 4, d: int = 64):
-        super().__init__()
-        self.embed = nn.Conv2d(3, width, 4, 4)
-        self.pos = nn.ParameterList([torch.zeros(1, tokens, width)])  # a module: registered in order
-        self.layers = nn.Sequential(*(_PostNormLayer(width, heads, d, width) for _ in range(layers)))
-        self.fc = nn.Linear(width, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x).flatten(2).transpose(1, 2) + self.pos[0]
-        return self.fc(self.layers(x).mean(dim=1))
-
-
-@pytest.mark.parametrize("lower", [True, False], ids=["lowered", "literal"])
-def test_resnet18_equals_plain_torch(grammar, lower):
-    state = input_state((3, 32, 32))
-    ours = compile_network(load_seed("resnet18", grammar, state), state, classes=10, lower=lower).double()
-    reference = _ResNet18().double()
-    _copy_by_order(ours, reference)
-    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
-    for train in (True, False):  # train mode first: batch statistics, then the updated running ones
+@pytest.mark.parametrize(
+    "name,shape,lower",
+    [(n, s, lower) for n, s, modes in EQUIVALENCE for lower in modes],
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v),
+)
+def test_compiled_seed_equals_plain_torch(one_thread, grammar, name, shape, lower):
+    """Same parameter count; after copying the weights, the same logits in train mode (batch
+    statistics) and then in eval mode (the running statistics both updated), in float64."""
+    state = input_state(shape)
+    ours = compile_network(load_seed(name, grammar, state), state, classes=10, lower=lower).double()
+    theirs = reference(name, shape).double()
+    assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.parameters())
+    load_from(theirs, ours)
+    x = torch.randn(2, *shape, dtype=torch.float64)
+    for train in (True, False):
         ours.train(train)
-        reference.train(train)
-        torch.testing.assert_close(ours(x), reference(x))
-    for a, b in zip(ours.buffers(), reference.buffers(), strict=True):
+        theirs.train(train)
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), theirs(x))
+    for a, b in zip(ours.buffers(), theirs.buffers(), strict=True):
         torch.testing.assert_close(a.reshape(b.shape), b)
 
 
-@pytest.mark.parametrize("lower", [True, False], ids=["lowered", "literal"])
-def test_vit_equals_plain_torch(grammar, lower):
-    state = input_state((3, 32, 32))
-    net = compile_network(load_seed("vit", grammar, state), state, classes=10, lower=lower)
-    ours = net.double().eval()
-    reference = _ViT(tokens=64).double().eval()
-    _copy_by_order(ours, reference)
-    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
-    torch.testing.assert_close(ours(x), reference(x))
+def test_mlp_mixer_differs_from_the_paper_code_by_nine_layer_norms(grammar):
+    """The seed follows Tolstikhin et al.: token and channel mixing each in a pre-norm residual,
+    and a final norm. The paper's code wraps both mixings in one residual with one norm and has
+    no final norm: 8 + 1 layer norms of 512 fewer, 9 x 1,024 = 9,216 parameters."""
+    state = input_state((3, 64, 64))
+    assert check_tree(load_seed("mlp_mixer", grammar, state), grammar, state).params == 6_481_408
+    assert PAPER_CODE["mlp_mixer"] + 9 * 2 * 512 == 6_481_408
+    layout = MLPMixer(3, tokens=256, classes=10, paper_code=True)
+    head = 512 * 10 + 10
+    assert sum(p.numel() for p in layout.parameters()) - head == PAPER_CODE["mlp_mixer"]
 
 
-@pytest.mark.parametrize("shape", sorted(RESNET_SMALL), ids=lambda s: "x".join(map(str, s)))
-def test_resnet_small_fits_the_builtin_datasets_and_equals_plain_torch(grammar, shape):
-    state = input_state(shape)
-    checked = check_tree(load_seed("resnet_small", grammar, state), grammar, state)
-    assert checked.params == RESNET_SMALL[shape] and checked.output[0].shape == (32, 4, 4)
-    ours = compile_network(checked, classes=10).double()
-    assert sum(p.numel() for p in ours.backbone.parameters()) == RESNET_SMALL[shape]
-    reference = _ResNetSmall(shape[0]).double()
-    _copy_by_order(ours, reference)
-    x = torch.randn(4, *shape, dtype=torch.float64)
-    for train in (True, False):
-        ours.train(train)
-        reference.train(train)
-        torch.testing.assert_close(ours(x), reference(x))
-
-
-def test_vit_builder_is_what_the_seed_file_holds():
-    assert vit() == SEEDS["vit"].build()
+def test_resnet_small_fits_the_builtin_datasets():
+    grammar = load_grammar("einspace")
+    for shape, params in RESNET_SMALL.items():
+        state = input_state(shape)
+        checked = check_tree(load_seed("resnet_small", grammar, state), grammar, state)
+        assert checked.params == params and checked.output[0].shape == (32, 4, 4)
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -46,7 +46,7 @@ class Gate(nn.Module):
         self.gate.clamp_(0.0, 1.0)
 
     def architecture_metrics(self) -> dict[str, float]:
-        return {"gate": float(self.gate)}
+        return {"gate": self.gate.item()}
 
 
 class GateOp(UnaryOperation):

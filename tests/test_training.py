@@ -22,8 +22,9 @@ TINY = (
     " (M (M (C norm)) (M (M (C leaky_relu))"
     " (M (R1 im2col(k=8, s=8, p=0)) (M (C linear(d=32))) (R2 col2im)))))"
 )
-#: Quick settings: one epoch on 512 digits, one thread (stable timings when cores are shared).
-QUICK = {"epochs": 1, "batch_size": 32, "train_subset": 512, "threads": 1}
+#: Quick settings: one epoch on 512 digits, one thread (stable timings when cores are shared), on
+#: the CPU even where CUDA is present (the tests state CPU behaviour: bit-identical reruns).
+QUICK = {"epochs": 1, "batch_size": 32, "train_subset": 512, "threads": 1, "device": "cpu"}
 
 
 def _task(settings: dict | None = None, seed: int = 0, shape: tuple[int, ...] = (1, 8, 8), tree: str = TINY):
@@ -36,8 +37,7 @@ def test_one_epoch_beats_chance_and_is_deterministic_by_seed() -> None:
     assert first.fitness > 0.5  # chance is 0.1
     assert first.metrics["valid_accuracy"] == first.fitness
     assert {"train_loss", "valid_loss", "params", "flops", "seconds"} <= set(first.metrics)
-    same = {k: v for k, v in first.metrics.items() if k != "seconds"}
-    assert same == {k: v for k, v in again.metrics.items() if k != "seconds"}
+    assert _stable(first.metrics) == _stable(again.metrics)
     assert other.metrics["train_loss"] != first.metrics["train_loss"]
     assert "training" in list_evaluators() and "naswot" in list_evaluators()
 
@@ -54,6 +54,7 @@ def test_one_epoch_beats_chance_and_is_deterministic_by_seed() -> None:
         ({"dataset": "adddigits"}, {}, r"does not match dataset 'adddigits'.*3x8x8"),
         ({"epoch": 1}, {}, "unknown setting 'epoch' .*did you mean 'epochs'"),
         ({"schedule": "linear"}, {}, "schedule must be cosine, step or constant"),
+        ({"step_mode": "graphs"}, {}, "step_mode must be one of eager, cuda_graphs, compile"),
         ({"lr": "1.0e9"}, {}, r"setting lr must be a number >= 0, got '1.0e9' \(YAML reads"),
         (
             {"metric": "relative_l2"},
@@ -84,6 +85,38 @@ def test_over_budget_trees_are_never_built(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr("einspace.evaluators.objectives.compile_backbone", refuse)
     result = run_task(_task({"max_params": 10}))
     assert not result.ok and "over budget" in result.error
+
+
+PHASES = ("device", "build", "data", "capture", "first_step", "steps", "validation")
+
+
+def test_phase_times_account_for_the_evaluation() -> None:
+    """Where an evaluation's time goes: consecutive phases that together make up its time."""
+    metrics = run_task(_task()).metrics
+    times = [metrics[f"time/{phase}"] for phase in PHASES]
+    assert all(t >= 0 for t in times)
+    assert 0.9 * metrics["seconds"] <= sum(times) <= metrics["seconds"]
+    assert metrics["time/steps"] > 0 and metrics["time/first_step"] > 0
+
+
+def test_cuda_graphs_off_cuda_train_eagerly_with_the_same_results() -> None:
+    eager, graphs = run_task(_task()), run_task(_task({"step_mode": "cuda_graphs"}))
+    assert graphs.metrics.pop("step_mode_applied") == 0.0 and "step_mode_applied" not in eager.metrics
+    assert _stable(graphs.metrics) == _stable(eager.metrics)
+
+
+def _stable(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics a rerun reproduces exactly on the CPU (not the times)."""
+    return {k: v for k, v in metrics.items() if k != "seconds" and not k.startswith("time/")}
+
+
+@pytest.mark.slow
+def test_a_compiled_step_trains_like_the_eager_one() -> None:
+    """torch.compile on the CPU (slow: inductor compiles C++); same network, same data order."""
+    eager, compiled = run_task(_task()), run_task(_task({"step_mode": "compile"}))
+    assert compiled.ok, compiled.error
+    assert compiled.metrics["step_mode_applied"] == 1.0
+    assert compiled.metrics["train_loss"] == pytest.approx(eager.metrics["train_loss"], rel=1e-3)
 
 
 def test_channels_last_path_runs_on_cpu() -> None:
@@ -178,3 +211,38 @@ def test_training_on_gpu_with_mixed_precision() -> None:
         pytest.skip("no CUDA device")
     result = run_task(_task({"device": "cuda", "amp": True, "threads": None}))
     assert result.ok and result.fitness > 0.5, result.error
+
+
+#: A batch size that leaves a short last batch (512 = 10 x 48 + 32): the eager fall-back path.
+SHORT_LAST = {"batch_size": 48, "device": "cuda", "threads": None}
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_train_like_the_eager_step() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    eager, graphs = run_task(_task(SHORT_LAST)), run_task(_task({**SHORT_LAST, "step_mode": "cuda_graphs"}))
+    assert graphs.ok, graphs.error
+    assert graphs.metrics["step_mode_applied"] == 1.0
+    assert graphs.metrics["train_loss"] == pytest.approx(eager.metrics["train_loss"], rel=0.05)
+    assert graphs.fitness == pytest.approx(eager.fitness, abs=0.05)
+
+
+@pytest.mark.gpu
+def test_data_stays_on_the_gpu_between_evaluations(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from einspace.evaluators import data_cache, worker
+
+    data_cache.clear()
+    first = run_task(_task(SHORT_LAST))
+    held = data_cache.device_bytes()
+    assert first.ok and held > 0
+    assert run_task(_task(SHORT_LAST)).ok and data_cache.device_bytes() == held  # reused, not copied
+    assert worker.after_evaluation(None) is None  # nothing left behind but the cache
+    leak = torch.empty(2 * worker.LEAK_BYTES, dtype=torch.uint8, device="cuda")
+    assert "still allocated" in worker.after_evaluation(None)
+    del leak
+    data_cache.clear()
+    monkeypatch.setenv(worker.GPU_SHARE_ENV, "1e-9")  # a share too small for the data: pinned host memory
+    assert run_task(_task(SHORT_LAST)).ok and data_cache.device_bytes() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import NamedTuple
@@ -9,7 +10,16 @@ from typing import NamedTuple
 import numpy as np
 
 from einspace.errors import EinspaceError
-from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, RepeatItem, SymbolItem
+from einspace.grammar.model import (
+    Alternative,
+    Grammar,
+    Item,
+    OpItem,
+    ParallelItem,
+    RepeatItem,
+    SymbolItem,
+    format_alternative,
+)
 from einspace.ops.registry import get_op
 from einspace.state import MODES, RANK_OF_MODE, FeatureState, Signal
 
@@ -51,6 +61,7 @@ class GrammarAnalysis:
     expected_occurrences: dict[str, float] | None
     symbols: tuple[str, ...]
     symbol_matrix: np.ndarray
+    taken: frozenset[tuple[int, int]]  # (rule, alternative) indices that can be taken from the start
 
 
 def label_text(label: Label) -> str:
@@ -162,17 +173,7 @@ class _Analyser:
         for alt in rule.alternatives if rule else ():
             if alt.probability <= 0.0:
                 continue
-            state: dict[Context, list] = {context: [alt.probability, {}, 0.0]}
-            for it in alt.items:
-                after: dict[Context, list] = {}
-                for c, (m, ch, t) in state.items():
-                    step = self.item(it, c)
-                    for c2, q in step.dist.items():
-                        _carry(after.setdefault(c2, [0.0, {}, 0.0]), m, ch, t, step, q)
-                    if step.stuck > 0.0:
-                        _carry(sink, m, ch, t, step, step.stuck)
-                state = after
-            for c, (m, ch, t) in state.items():
+            for c, (m, ch, t) in self.through(alt, context, alt.probability, sink).items():
                 out[c] = out.get(c, 0.0) + m
                 _carry(sink, 0.0, ch, t, _FAIL, 1.0)
         done = sum(out.values())
@@ -181,6 +182,34 @@ class _Analyser:
             return {}, {}, 0.0, 0.0
         dist = {c: p / done for c, p in out.items()} if done > 0 else {}
         return dist, _scaled(sink[1], 1 / alive), sink[2] / alive, alive
+
+    def through(self, alt: Alternative, context: Context, mass: float, sink: list) -> dict[Context, list]:
+        """Carry `mass` at `context` through the items of one alternative: the [mass, children,
+        terminals] reaching each output context; what never returns is added to `sink`."""
+        state: dict[Context, list] = {context: [mass, {}, 0.0]}
+        for it in alt.items:
+            after: dict[Context, list] = {}
+            for c, (m, ch, t) in state.items():
+                step = self.item(it, c)
+                for c2, q in step.dist.items():
+                    _carry(after.setdefault(c2, [0.0, {}, 0.0]), m, ch, t, step, q)
+                if step.stuck > 0.0:
+                    _carry(sink, m, ch, t, step, step.stuck)
+            state = after
+        return state
+
+    def taken(self, labels: Iterable[Label]) -> set[tuple[int, int]]:
+        """(rule index, alternative index) of every alternative that can complete (or run on
+        forever) at one of `labels`: the others are never taken from this start."""
+        position = {id(rule): i for i, rule in enumerate(self.grammar.rules)}
+        found: set[tuple[int, int]] = set()
+        for symbol, context in labels:
+            rule = self.grammar.rule_for(symbol, _signal(context))
+            for j, alt in enumerate(rule.alternatives if rule else ()):
+                sink: list = [0.0, {}, 0.0]
+                if self.through(alt, context, 1.0, sink) or sink[0] > 0.0:
+                    found.add((position[id(rule)], j))
+        return found
 
     def solve(self, start: Label) -> None:
         """Iterate output distributions from zero mass (Gauss-Seidel) until they stop changing,
@@ -282,6 +311,7 @@ def analyse(grammar: Grammar, mode: str = "im") -> GrammarAnalysis:
         expected_occurrences=per_symbol,
         symbols=symbols,
         symbol_matrix=symbol_matrix,
+        taken=frozenset(analyser.taken(labels)),
     )
 
 
@@ -355,3 +385,35 @@ def format_analysis(a: GrammarAnalysis, max_rows: int = 40, contexts: bool = Fal
                 "         expected size is infinite; raise the probability of terminating alternatives"
             )
     return "\n".join(lines)
+
+
+def require_consistent(grammar: Grammar, mode: str, allow: bool = False) -> None:
+    """Refuse a grammar whose derivations may never end (rho >= 1), unless `allow`: sampling
+    from it mostly hits the size limits, so its trees say more about the limits than the grammar."""
+    if allow:
+        return
+    analysis = analyse(grammar, mode)
+    if not analysis.consistent:
+        raise EinspaceError(
+            f"{grammar.path} is inconsistent in {mode} mode (spectral radius {analysis.spectral_radius:.4g} "
+            ">= 1): its derivations may never end, so samples would mostly be cut by the limits. Raise "
+            "the probability of terminating alternatives (`einspace check` shows the analysis), or "
+            "allow it explicitly (--allow-inconsistent; `allow_inconsistent: true` in an experiment)"
+        )
+
+
+def never_taken(grammar: Grammar, analyses: Iterable[GrammarAnalysis]) -> list[str]:
+    """Alternatives no analysed start mode can ever take (a guard never true where the symbol
+    occurs, a repeat count or a parallel width that never matches b, operations that never
+    apply), each as `file:line:col: Symbol -> alternative` with the reason in general terms."""
+    taken: set[tuple[int, int]] = set()
+    for analysis in analyses:
+        taken |= analysis.taken
+    lines = []
+    for i, rule in enumerate(grammar.rules):
+        guard = f" if {' and '.join(map(str, rule.guard))}" if rule.guard else ""
+        for j, alt in enumerate(rule.alternatives):
+            if (i, j) not in taken:
+                where = alt.location or rule.location
+                lines.append(f"{where}: {rule.symbol}{guard} -> {format_alternative(alt)}")
+    return lines

@@ -126,6 +126,8 @@ class Grammar:
     rules: tuple[Rule, ...]
     path: str = "<string>"
     source: str = field(default="", compare=False, repr=False)
+    #: Every file the grammar was read from: the files it extends, then its own.
+    files: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         by_symbol: dict[str, list[Rule]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import cache
 from itertools import product
 from pathlib import Path
@@ -61,7 +62,8 @@ def parse_grammar(text: str, path: str = "<string>", *, _extending: tuple[Path, 
                 "this file extends, and it extends none: add a line such as `extends einspace`",
                 changes[0].location,
             )
-        return validate.build_grammar(starts, rules, path, text)
+        grammar = validate.build_grammar(starts, rules, path, text)
+        return replace(grammar, files=(*(base.files if base else ()), path))
     except UnexpectedInput as exc:
         raise _syntax_error(exc, path, text) from None
     except _UnclosedParen as exc:
@@ -74,8 +76,13 @@ def parse_grammar(text: str, path: str = "<string>", *, _extending: tuple[Path, 
         raise _with_source(exc, path, text) from None
 
 
-def load_grammar(path: str | Path, *, _extending: tuple[Path, ...] = ()) -> Grammar:
-    """Read and parse a grammar file (and the files it extends)."""
+def load_grammar(path: str | Path = "einspace", *, _extending: tuple[Path, ...] = ()) -> Grammar:
+    """Read and parse a grammar file (and the files it extends), by path or by the name of a
+    bundled grammar (`einspace` = the paper's space)."""
+    from einspace.bundled import bundled_grammars
+
+    if not Path(path).is_file() and str(path) in bundled_grammars():
+        path = bundled_grammars()[str(path)]
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -92,7 +92,7 @@ def _choices(
             location,
         )
     op = get_op(name)
-    choices = []
+    choices: dict[tuple[tuple[str, Any], ...], None] = {}  # ordered, and a set: linear in the grid
     for point in grid:
         try:
             choice = canonical_args(op, point)
@@ -101,7 +101,7 @@ def _choices(
         if choice in choices:
             written = ", ".join(f"{k} = {v}" for k, v in choice)
             raise GrammarError(f"{name}({written}) appears twice in the argument grid", location)
-        choices.append(choice)
+        choices[choice] = None
     return tuple(choices)
 
 

@@ -7,9 +7,10 @@ import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 from einspace.errors import EinspaceError, Infeasible, UnknownOperationError
 from einspace.state import Signal
@@ -57,6 +58,21 @@ class Operation:
     group: ClassVar[Group]
     arguments: ClassVar[tuple[Argument, ...]] = ()
     description: ClassVar[str] = ""
+    #: A routing or computation operation normally acts on one tensor, so it is never offered
+    #: where several branches are in flight. One whose module takes and returns the list of
+    #: branches sets this, and its `infer` then sees every branch.
+    takes_branches: ClassVar[bool] = False
+
+    def transfer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
+        """What the sampler and checker call: the branch count the group needs (one for
+        branching, routing and computation; two or more for aggregation), then `infer`. So an
+        operation written for one tensor is never applied to several, whatever its `infer` says."""
+        b = len(signal)
+        if self.group is Group.AGGREGATION and b < 2:
+            raise infeasible(f"{self.name} is an aggregation and needs at least 2 branches, got {b}")
+        if self.group is not Group.AGGREGATION and b != 1 and not self.takes_branches:
+            raise infeasible(f"{self.name} acts on one tensor, and {b} branches are in flight")
+        return self.infer(signal, args)
 
     def infer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
         raise NotImplementedError
@@ -172,6 +188,7 @@ def _load_builtin_ops() -> None:
         import einspace.ops.core  # noqa: F401  (each import registers its operations)
         import einspace.ops.dnarch  # noqa: F401
         import einspace.ops.nos  # noqa: F401
+        import einspace.ops.xd  # noqa: F401
 
 
 def infeasible(reason: str) -> Infeasible:

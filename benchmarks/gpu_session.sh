@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Issue 11's GPU measurements, prepared as one script for a session with a GPU (none of them has been
+# run yet). Run from the project root on the GPU machine:
+#
+#   bash benchmarks/gpu_session.sh [PHASE ...]      # default: every phase, about 9 minutes on one H100/H200
+#
+# Phases: env tests context pool graphs mps steps compiled (run them in two calls if the time per
+# command is short: `env tests context pool` then `graphs mps steps compiled`). Everything is written
+# to $OUT (the device tool's output folder; ./gpu_session_out elsewhere), one file per phase.
+# On an offline machine whose Python has torch: put the wheels from ../shared/tools/gpu/prepare-wheels.sh
+# in .whl/ with a copy of ../shared/tools/gpu/install.sh, carry .whl, and this script installs them.
+set -uo pipefail
+OUT=${OUT:-gpu_session_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+phases=${*:-env tests context pool graphs mps steps compiled}
+
+if ! "$PY" -c "import einspace.search, ray, lark" 2>/dev/null; then
+  bash .whl/install.sh 2>&1 | tee "$OUT/install.txt"
+fi
+
+run() {  # run NAME SECONDS COMMAND...: a phase under a time limit, its output kept
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $*" | tee -a "$OUT/summary.txt"
+  local started=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  echo "   exit $? after $((SECONDS - started)) s" | tee -a "$OUT/summary.txt"
+  tail -n 25 "$OUT/$name.txt"
+}
+
+for phase in $phases; do
+  case $phase in
+  env)  # the card, the driver, torch and ray
+    run env 60 bash -c "nvidia-smi; $PY -c 'import torch, ray; print(torch.__version__, torch.version.cuda, ray.__version__, torch.cuda.get_device_name())'"
+    ;;
+  tests)  # the GPU tests, and the CPU-assuming tests with CUDA present (device: auto picks the GPU)
+    run tests 300 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" tests/test_training.py tests/test_workers.py \
+      tests/test_search_ray.py
+    run tests_gpu 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_training.py
+    ;;
+  context)  # what a worker process holds on its GPU before its first tensor (packing.PROCESS_BYTES)
+    run context 120 "$PY" - <<'EOF'
+import os, subprocess, torch, torch.nn.functional as F
+torch.cuda.synchronize()
+x = torch.randn(64, 16, 32, 32, device="cuda", requires_grad=True)
+w = torch.randn(16, 16, 3, 3, device="cuda", requires_grad=True)
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    F.conv2d(x, w, padding=1).flatten(1).matmul(torch.randn(16384, 10, device="cuda")).sum().backward()
+torch.cuda.synchronize()
+query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+used = {int(p): int(m) for p, m in (line.split(", ") for line in subprocess.check_output(query, text=True).splitlines())}
+mib = 2**20
+print(f"process {used.get(os.getpid())} MiB on the device, of which torch allocated "
+      f"{torch.cuda.memory_allocated() / mib:.0f} MiB and reserved {torch.cuda.memory_reserved() / mib:.0f} MiB")
+EOF
+    ;;
+  pool)  # persistent workers against fresh processes: 48 evaluations, 8 per GPU (the issue's task)
+    run pool 420 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --json "$OUT/pool.json"
+    ;;
+  graphs)  # the same with CUDA graphs for the training steps, persistent workers only
+    run graphs 240 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --modes persistent \
+      --settings '{"step_mode": "cuda_graphs"}' --json "$OUT/graphs.json"
+    ;;
+  mps)  # the same under NVIDIA MPS (kernels of the 8 processes run concurrently instead of time-sliced)
+    if command -v nvidia-cuda-mps-control >/dev/null; then
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d
+      run mps 240 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --modes persistent \
+        --json "$OUT/mps.json"
+      echo quit | nvidia-cuda-mps-control
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    else
+      echo "== mps: nvidia-cuda-mps-control not found, skipped" | tee -a "$OUT/summary.txt"
+    fi
+    ;;
+  steps)  # one small network, one process: time per step under each step mode (host round trips)
+    run steps 300 "$PY" - <<'EOF'
+import tempfile, pathlib, sys
+sys.path.insert(0, "benchmarks")
+from gpu_pool import synthetic_images
+from einspace.evaluators.base import Task, run_task
+from einspace.seeds import load_seed
+from einspace.bundled import load
+from einspace.state import input_state
+from einspace.tree import to_text
+
+tree = to_text(load_seed("resnet_small", load("einspace"), input_state((3, 32, 32))))
+with tempfile.TemporaryDirectory() as tmp:
+    data = str(synthetic_images(pathlib.Path(tmp)))
+    base = {"dataset": data, "epochs": 3, "batch_size": 256, "device": "cuda"}
+    print(f"{'step_mode':<22}{'applied':>8}{'steps ms':>10}{'1st step s':>11}{'capture s':>10}{'accuracy':>9}")
+    for mode in ["eager", "cuda_graphs", "compile", "compile_cuda_graphs", "eager"]:
+        r = run_task(Task(tree, "einspace", (3, 32, 32), "training", {**base, "step_mode": mode}))
+        m = r.metrics
+        if not r.ok:
+            print(f"{mode:<22} failed: {r.error}")
+            continue
+        per_step = 1000 * m["time/steps"] / (3 * 40 - 1)
+        print(f"{mode:<22}{m.get('step_mode_applied', 0):>8.0f}{per_step:>10.3f}{m['time/first_step']:>11.2f}"
+              f"{m['time/capture']:>10.2f}{m['valid_accuracy']:>9.3f}")
+EOF
+    ;;
+  compiled)  # lowered seeds against hand-written models per training step (target: <= 1.10x)
+    run compiled 360 "$PY" benchmarks/compiled_vs_handwritten.py --device cuda --batch 256 --repeats 20 --threads 0
+    ;;
+  *) echo "unknown phase $phase" ;;
+  esac
+done

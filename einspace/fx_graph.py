@@ -1,0 +1,253 @@
+"""A model traced with torch.fx, with what einspace's import needs to read it: every node's value
+on an example input, which nodes depend on the input, immediate dominators, the index map of a
+run of reshapes, and the model's source line of each node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from einspace.errors import EinspaceError, caret_context
+from einspace.state import FeatureState
+
+__all__ = ["ModelImportError", "TracedModel", "target_name"]
+
+_TORCH_DIR = str(Path(torch.__file__).parent)
+
+
+class ModelImportError(EinspaceError):
+    """A model the grammar cannot express (as it is), with the model's source lines."""
+
+
+class _Tracer(fx.Tracer):
+    """Records, for errors at the model's code, the model's source line of every node: the
+    innermost caller outside torch and this module (cheaper than fx's own stack traces, which
+    load torch's compiler on first use)."""
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, __file__)):
+            frame = frame.f_back
+        if frame is not None:
+            node.meta["einspace_source"] = (frame.f_code.co_filename, frame.f_lineno)
+        return node
+
+
+#: Calls that only move values around: what they do is read off an index map, not their arguments.
+_LAYOUT_METHODS = frozenset(
+    "view reshape flatten unflatten permute transpose contiguous squeeze unsqueeze chunk split unbind".split()
+)
+_LAYOUT_FUNCTIONS = (torch.flatten, torch.reshape, torch.permute, torch.transpose, torch.squeeze)
+_LAYOUT_FUNCTIONS += (torch.unsqueeze, torch.chunk, torch.split, torch.unbind)
+
+
+def target_name(target: Any) -> str:
+    """A call target as written: a method name, or a function's name."""
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+class TracedModel:
+    """A model's graph, its nodes' values for one example input (batch 2), and where each node
+    comes from in the model's code."""
+
+    def __init__(self, model: nn.Module, input: FeatureState):
+        self.model, self.input = model, input
+        self.modules = dict(model.named_modules())
+        try:
+            self.graph = _Tracer().trace(model)
+        except Exception as exc:  # torch.fx raises many kinds (TraceError, TypeError, ...)
+            raise ModelImportError(f"cannot trace {type(model).__name__} with torch.fx: {exc}") from None
+        self.values = self._run()
+        self.dynamic = self._dynamic()
+        self.placeholder = next(n for n in self.graph.nodes if n.op == "placeholder")
+        self.idom = self._dominators(self.placeholder)
+
+    # ------------------------------------------------------------- values
+
+    def _run(self) -> dict[fx.Node, Any]:
+        """Every node's value for a batch of 2 random inputs, in eval mode (restored after).
+        Each node gets copies of its tensor arguments, so in-place layers keep the record."""
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != 1:
+            raise ModelImportError(
+                f"{type(self.model).__name__}.forward must take one tensor, not {len(placeholders)}"
+            )
+        parameter = next(itertools.chain(self.model.parameters(), self.model.buffers()), None)
+        dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
+        example = torch.randn(2, *self.input.shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self._evaluate(list(self.graph.nodes), {placeholders[0]: example}, copy=True)
+        except Exception as exc:  # whatever the model's own code raises for this input
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelImportError(
+                f"{type(self.model).__name__} does not run on inputs of shape {tuple(example.shape)}: {first}"
+            ) from None
+        finally:
+            self.model.train(training)
+
+    def _evaluate(
+        self, nodes: list[fx.Node], env: dict[fx.Node, Any], copy: bool = False
+    ) -> dict[fx.Node, Any]:
+        """Run `nodes` in order; values of other nodes they use come from `env`."""
+
+        def value(n: fx.Node) -> Any:
+            v = env[n] if n in env else self.values[n]
+            return v.clone() if copy and isinstance(v, torch.Tensor) else v
+
+        for node in nodes:
+            if node in env or node.op == "output":
+                continue
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
+            if node.op == "get_attr":
+                result = _attribute(self.model, node.target)
+            elif node.op == "call_module":
+                result = self.modules[node.target](*args, **kwargs)
+            elif node.op == "call_function":
+                result = node.target(*args, **kwargs)
+            elif node.op == "call_method":
+                result = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                continue
+            env[node] = result
+        return env
+
+    def _dynamic(self) -> set[fx.Node]:
+        """Nodes whose value depends on the input."""
+        dynamic: set[fx.Node] = set()
+        for node in self.graph.nodes:
+            if node.op == "placeholder" or any(a in dynamic for a in node.all_input_nodes):
+                dynamic.add(node)
+        return dynamic
+
+    def inputs(self, node: fx.Node) -> list[fx.Node]:
+        """The input-dependent tensors `node` computes from (or tuples of them, that a chunk or
+        split makes), in argument order (`x + x` has two)."""
+        found: list[fx.Node] = []
+        fx.node.map_arg((node.args, node.kwargs), found.append)
+        kinds = (torch.Tensor, tuple, list) if node.target is operator.getitem else torch.Tensor
+        return [a for a in found if a in self.dynamic and isinstance(self.values.get(a), kinds)]
+
+    def constants(self, node: fx.Node) -> list[Any]:
+        """The arguments of `node` that do not depend on the input: numbers, or learnt tensors."""
+        out = []
+        for arg in (*node.args, *node.kwargs.values()):
+            if isinstance(arg, fx.Node):
+                if arg not in self.dynamic:
+                    out.append(self.values[arg])
+            elif isinstance(arg, (int, float)):
+                out.append(arg)
+        return out
+
+    # ------------------------------------------------------------- locations and problems
+
+    def where(self, node: fx.Node) -> str:
+        """`file:line:col: <what>` at the model's source, with the line and a caret."""
+        what = self.describe(node)
+        if "einspace_source" not in node.meta:
+            return what
+        path, line = node.meta["einspace_source"]
+        source = _source(path)
+        lines = source.splitlines()
+        text = lines[line - 1] if 0 < line <= len(lines) else ""
+        needle = str(node.target).rpartition(".")[2] if node.op == "call_module" else target_name(node.target)
+        found = text.find(needle)
+        column = found + 1 if found >= 0 else len(text) - len(text.lstrip()) + 1
+        context = caret_context(source, line, column)
+        return f"{path}:{line}:{column}: {what}" + (f"\n{context}" if context else "")
+
+    def describe(self, node: fx.Node) -> str:
+        """What a node is, for messages: the module with its settings, or the function and the
+        module whose code calls it."""
+        if node.op == "call_module":
+            return f"module `{node.target}` ({self.modules[node.target]})"
+        stack = node.meta.get("nn_module_stack") or {}
+        inside = f" in `{next(reversed(stack.values()))[0]}`" if stack else ""
+        kind = "method" if node.op == "call_method" else "function"
+        return f"{kind} {target_name(node.target)}{inside}"
+
+    def owner(self, node: fx.Node) -> tuple[str, ...]:
+        """The path of the submodule whose code computes `node` (a layer: its parent module)."""
+        if node.op == "call_module":
+            path = str(node.target).rpartition(".")[0]
+        else:
+            stack = node.meta.get("nn_module_stack") or {}
+            path = next(reversed(stack.values()))[0] if stack else ""
+        return tuple(path.split(".")) if path else ()
+
+    def fail(self, node: fx.Node, message: str) -> ModelImportError:
+        """An error at the node's source line."""
+        return ModelImportError(f"{self.where(node)}\n  {message}")
+
+    def short(self, node: fx.Node) -> str:
+        """A node's module type or function name."""
+        if node.op == "call_module":
+            return type(self.modules[node.target]).__name__
+        return target_name(node.target)
+
+    def _dominators(self, root: fx.Node) -> dict[fx.Node, fx.Node]:
+        """Immediate dominators of the input-dependent nodes (fx lists nodes in topological order)."""
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        idom: dict[fx.Node, fx.Node] = {root: root}
+
+        def meet(a: fx.Node, b: fx.Node) -> fx.Node:
+            while a is not b:
+                while order[a] > order[b]:
+                    a = idom[a]
+                while order[b] > order[a]:
+                    b = idom[b]
+            return a
+
+        for node in self.graph.nodes:
+            if node is root or node not in self.dynamic:
+                continue
+            preds = [p for p in node.all_input_nodes if p in idom]
+            if preds:
+                dominator = preds[0]
+                for p in preds[1:]:
+                    dominator = meet(dominator, p)
+                idom[node] = dominator
+        return idom
+
+    def is_layout(self, node: fx.Node) -> bool:
+        """Whether `node` only moves values (a reshape, permute, chunk or identity layer)."""
+        if node.op == "call_method":
+            return node.target in _LAYOUT_METHODS
+        if node.op == "call_module":
+            return isinstance(self.modules[node.target], (nn.Flatten, nn.Unflatten, nn.Identity))
+        if node.op == "call_function" and node.target is operator.getitem:
+            return isinstance(self.values.get(node.args[0]), (torch.Tensor, tuple, list))
+        return node.op == "call_function" and node.target in _LAYOUT_FUNCTIONS
+
+    def index_map(self, source: fx.Node, run: list[fx.Node]) -> torch.Tensor:
+        """Where each element of the run's result comes from: flat positions in `source`."""
+        value = self.values[source]
+        index = torch.arange(value.numel()).reshape(value.shape)
+        return self._evaluate(run, {source: index})[run[-1]] if run else index
+
+
+def _attribute(root: nn.Module, target: str) -> Any:
+    value: Any = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+@cache
+def _source(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,437 @@
+"""XD-operations (papers 000, 001): a convolution whose Fourier basis is searched, Real(K diag(L w + b) M x).
+
+A convolution is diagonalised by the DFT, conv(w)(x) = F^-1 diag(F w) F x. Replacing the three
+DFTs by learnable butterfly matrices K, L, M (the FFT's sparsity pattern with free complex
+twiddles) gives an operation space that contains the convolution, and also dilated convolutions,
+permuted inputs, skips and poolings. Each spatial axis has its own butterflies, applied one
+axis at a time (a Kronecker product), on the axis zero-padded to a power of two so that the
+circular computation equals the linear convolution with zero padding p.
+
+Layout of the parameters of an `XDConv` (all real tensors; complex ones have a trailing
+re/im axis of 2):
+
+- `weight` (c_out, c_in, k, ...) and `bias` (c_out,): the model weights, as in a convolution;
+- architecture parameters (`einspace.trainable`): `K`, `L`, `M` hold the twiddles of the
+  per-axis butterflies, concatenated over the axes, (sum_a log2(n_a) n_a / 2, 2, 2, 2); `b`
+  (n_1, ..., n_N, 2) the complex bias inside the diagonal; `C` (c_out, c_in, 2) the complex
+  channel gates.
+
+So the count is c_out c_in k^N + c_out + 2 c_out c_in + 2 prod(n_a) + 3 sum_a 4 n_a log2(n_a).
+
+A butterfly here is one K-matrix factor chain: the fixed bit-reversal permutation followed by
+log2(n) butterfly factors, each n/2 independent complex 2x2 blocks (the radix-2
+decimation-in-time FFT when initialised to its twiddles). Small axes apply it as a dense matrix
+multiplied out once per forward pass (it does not depend on the batch, and a matrix product
+is much faster on CPU than log2(n) elementwise passes); larger axes apply the factors one at
+a time, in O(n log n).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from einspace.ops.core import UnaryOperation
+from einspace.ops.registry import Argument, Group, infeasible, register_op
+from einspace.state import COL, FeatureState
+from einspace.trainable import mark_architecture
+
+__all__ = [
+    "XD",
+    "XDConv",
+    "butterfly",
+    "butterfly_matrix",
+    "dft_twiddles",
+    "fourier_sizes",
+    "xd_flops",
+    "xd_parameter_count",
+]
+
+#: Axes of at most this many points apply their butterfly as a dense matrix (faster on CPU up
+#: to at least 1024 points; the stage-by-stage form saves the n x n matrix beyond).
+DENSE_MAX = 2048
+#: Sizes of spatial axes.
+Sizes = tuple[int, ...]
+
+
+# ----------------------------------------------------------------------------- butterflies
+
+
+@functools.cache
+def _bit_reversal(n: int) -> tuple[int, ...]:
+    bits = n.bit_length() - 1
+    return tuple(int(format(i, f"0{bits}b")[::-1], 2) if bits else 0 for i in range(n))
+
+
+def dft_twiddles(n: int, inverse: bool = False, scale: float = 1.0) -> Tensor:
+    """Complex128 twiddles (log2 n, n/2, 2, 2) that make `butterfly` the DFT of length n times `scale`.
+
+    Stage s pairs entries j and j + h (h = 2^s) of each block of 2h and maps (a, c) to
+    (a + w^j c, a - w^j c), w = exp(-+2 pi i / 2h) (+ for the inverse): the radix-2
+    decimation-in-time FFT. `scale` is spread evenly over the stages, so that a unitary scale
+    (n^-1/2) keeps every factor unitary too.
+    """
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"a butterfly needs a power-of-two size, got {n}")
+    stages = n.bit_length() - 1
+    per_stage = scale ** (1 / stages) if stages else 1.0
+    sign = 1.0 if inverse else -1.0
+    out = torch.empty(stages, n // 2, 2, 2, dtype=torch.complex128)
+    for s in range(stages):
+        h = 1 << s
+        j = torch.arange(n // 2, dtype=torch.float64) % h
+        w = torch.polar(torch.ones_like(j), sign * math.pi * j / h)
+        out[s, :, 0, 0] = 1
+        out[s, :, 0, 1] = w
+        out[s, :, 1, 0] = 1
+        out[s, :, 1, 1] = -w
+    return out * per_stage
+
+
+def butterfly(x: Tensor, twiddles: Tensor) -> Tensor:
+    """B x along the last axis of complex `x` (size n): bit-reversal, then the log2(n) factors
+    whose 2x2 blocks are `twiddles` (log2 n, n/2, 2, 2), block g*h + j pairing j and j + h of
+    block g at stage s (h = 2^s)."""
+    n = x.shape[-1]
+    lead = x.shape[:-1]
+    x = x[..., list(_bit_reversal(n))]
+    for s, blocks in enumerate(twiddles):
+        h = 1 << s
+        t = blocks.reshape(n // (2 * h), h, 2, 2).permute(0, 2, 3, 1)  # (group, row, column, j)
+        pairs = x.reshape(*lead, n // (2 * h), 1, 2, h)
+        x = (t[:, :, 0] * pairs[..., 0, :] + t[:, :, 1] * pairs[..., 1, :]).reshape(*lead, n)
+    return x
+
+
+def butterfly_matrix(twiddles: Tensor, n: int) -> Tensor:
+    """The n x n complex matrices of `butterfly` for twiddles (..., log2 n, n/2, 2, 2), multiplied
+    out stage by stage (differentiable): after stage s the product is block-diagonal with
+    blocks of 2h = 2^(s+1), block g being [[D00 X, D01 Y], [D10 X, D11 Y]] for the previous
+    blocks X, Y and the diagonal twiddle matrices D; one broadcast product per stage, ~2 n^2
+    multiplies in all."""
+    batch = twiddles.shape[:-4]
+    blocks = torch.ones(*batch, n, 1, 1, dtype=twiddles.dtype, device=twiddles.device)
+    for s in range(twiddles.shape[-4]):
+        h = 1 << s
+        groups = n // (2 * h)
+        t = twiddles[..., s, :, :, :].reshape(*batch, groups, h, 2, 2).movedim(-3, -1)  # (g, row, col, j)
+        pairs = blocks.reshape(*batch, groups, 1, 2, h, h)
+        blocks = (t.unsqueeze(-1) * pairs).transpose(-3, -2).reshape(*batch, groups, 2 * h, 2 * h)
+    return blocks.reshape(*batch, n, n)[..., list(_bit_reversal(n))]
+
+
+class _Axis(NamedTuple):
+    """One axis' butterfly: its size, twiddles and, for a dense axis, its matrix."""
+
+    n: int
+    twiddles: Tensor
+    matrix: Tensor | None
+
+
+def _along_first(z: Tensor, axis: _Axis, place: int, keep: slice, real: bool) -> Tensor:
+    """Rows `keep` of the butterfly applied along the first axis of z, z zero-extended to n
+    with its entries from index `place`, the new axis put last (the others keep their order);
+    only the real part when `real`. Real z counts as complex with zero imaginary part.
+
+    A dense axis is one matrix product, (other axes flattened) x (this axis) times the matrix
+    transposed: the result comes out with the new axis last and no transposing copy, and a
+    real input gives interleaved (re, im) pairs, i.e. a complex tensor, with no conversion."""
+    length, rest = z.shape[0], z.shape[1:]
+    lines = z.reshape(length, -1).T
+    if axis.matrix is None:
+        full = lines.new_zeros(lines.shape[0], axis.n, dtype=axis.twiddles.dtype)
+        full[:, place : place + length] = lines
+        out = butterfly(full, axis.twiddles)[:, keep]
+    else:
+        a = axis.matrix[keep, place : place + length]
+        if z.is_complex():
+            out = lines @ a.T
+        else:
+            pairs = lines @ torch.stack([a.real.T, a.imag.T], dim=-1).reshape(length, -1)
+            out = torch.view_as_complex(pairs.view(pairs.shape[0], -1, 2))
+    return (out.real if real else out).reshape(*rest, -1)
+
+
+def _separable(z: Tensor, axes: Sequence[_Axis], place: int, keep: Sequence[slice], real: bool) -> Tensor:
+    """The Kronecker product of per-axis butterflies applied to the first len(axes) axes of z,
+    one axis at a time; they end last, in their order. `real` keeps only the real part."""
+    for a, axis in enumerate(axes):
+        z = _along_first(z, axis, place, keep[a], real and a == len(axes) - 1)
+    return z
+
+
+# ----------------------------------------------------------------------------- geometry and costs
+
+
+def fourier_sizes(input_size: Sequence[int], k: int, p: int) -> tuple[int, ...]:
+    """The power-of-two size n of each axis: circular correlation on n points equals the linear
+    one with zero padding p when n >= size + p (the wrapped-around tail only meets zeros), and
+    the filter needs n >= k."""
+    return tuple(1 << (max(size + p, k) - 1).bit_length() for size in input_size)
+
+
+def xd_parameter_count(c_in: int, c_out: int, k: int, fourier: Sequence[int], bias: bool = True) -> int:
+    """Parameters of an `XDConv`: weights and bias as a convolution's, plus K, L, M, b and C."""
+    butterflies = sum(4 * n * (n.bit_length() - 1) for n in fourier)
+    return (
+        c_out * c_in * k ** len(fourier)
+        + (c_out if bias else 0)
+        + 2 * c_out * c_in
+        + 2 * math.prod(fourier)
+        + 3 * butterflies
+    )
+
+
+def xd_flops(c_in: int, c_out: int, fourier: Sequence[int], out_size: Sequence[int]) -> int:
+    """Floating-point operations for one sample, counting the operation in its O(n log n) form.
+
+    A complex multiply-add counts 8. Each channel's transform (M on the c_in inputs, K on the
+    c_out outputs) takes, per axis a, log2(n_a) butterfly factors of 2 n_a complex multiply-adds
+    on each of the prod(n)/n_a lines: 16 prod(n) log2(n_a). The diagonal and the channel gates
+    take one complex multiply-add per channel pair and frequency, the bias one add per output.
+    L w + b depends on the parameters only (computed once per batch, cacheable at inference)
+    and is not counted; nor are the zero padding, the crop and the real part.
+    """
+    grid = math.prod(fourier)
+    transform = 16 * grid * sum(n.bit_length() - 1 for n in fourier)
+    return (c_in + c_out) * transform + 8 * c_out * c_in * grid + c_out * math.prod(out_size)
+
+
+# ----------------------------------------------------------------------------- the module
+
+
+def _packed(twiddles: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
+    """Per-axis complex twiddles as one real tensor (sum of log2(n) n/2, 2, 2, 2)."""
+    return torch.view_as_real(torch.cat([t.reshape(-1, 2, 2) for t in twiddles])).to(dtype)
+
+
+class XDConv(nn.Module):
+    """A 1-d or 2-d XD-operation on (B, c_in, *input_size), to (B, c_out, *out_size), like a
+    convolution with kernel k, stride s (by subsampling the output) and zero padding p.
+
+    Initialised at the convolution: K = F^-1, L = F (the unscaled conjugate DFT, which also
+    turns PyTorch's cross-correlation into a convolution), M = F, b = 0, C = ones; K and M are
+    unitary-scaled so that their product is exactly F^-1 (.) F. The weights and the bias start
+    as a fresh nn.Conv's. `channels_last` takes and returns (B, *input_size, c_in) instead
+    (col mode: tokens first, features last).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        input_size: Sequence[int],
+        stride: int = 1,
+        padding: int = 0,
+        bias: bool = True,
+        channels_last: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        if len(input_size) not in (1, 2):
+            raise ValueError(f"XDConv works on 1 or 2 spatial axes, got input size {tuple(input_size)}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.input_size = tuple(int(s) for s in input_size)
+        self.channels_last = channels_last
+        self.out_size = tuple((size + 2 * padding - kernel_size) // stride + 1 for size in self.input_size)
+        if min(self.out_size) < 1:
+            raise ValueError(
+                f"kernel {kernel_size} does not fit the input {self.input_size} padded by {padding}"
+            )
+        self.fourier = fourier_sizes(self.input_size, kernel_size, padding)
+        real = dtype or torch.get_default_dtype()
+        make = {"device": device, "dtype": real}
+        count = sum(n // 2 * (n.bit_length() - 1) for n in self.fourier)
+        self.K = nn.Parameter(torch.empty(count, 2, 2, 2, **make))
+        self.L = nn.Parameter(torch.empty(count, 2, 2, 2, **make))
+        self.M = nn.Parameter(torch.empty(count, 2, 2, 2, **make))
+        self.b = nn.Parameter(torch.empty(*self.fourier, 2, **make))
+        self.C = nn.Parameter(torch.empty(out_channels, in_channels, 2, **make))
+        kernel = (kernel_size,) * len(self.input_size)
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *kernel, **make))
+        self.bias = nn.Parameter(torch.empty(out_channels, **make)) if bias else None
+        self.reset_parameters()
+        mark_architecture(self, "K", "L", "M", "b", "C")
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Back to the convolution point, with the weights and bias a fresh nn.Conv would have."""
+        dtype = self.K.dtype
+        for name, inverse, unitary in (("K", True, True), ("L", True, False), ("M", False, True)):
+            twiddles = [dft_twiddles(n, inverse, n**-0.5 if unitary else 1.0) for n in self.fourier]
+            getattr(self, name).copy_(_packed(twiddles, dtype))
+        self.b.zero_()
+        self.C.zero_()
+        self.C[..., 0] = 1
+        bound = 1 / math.sqrt(self.weight[0].numel())  # nn.Conv's kaiming_uniform(a=sqrt 5) and bias
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    @classmethod
+    def from_conv(
+        cls,
+        weight: Tensor,
+        bias: Tensor | None,
+        stride: int,
+        padding: int,
+        input_size: Sequence[int],
+        channels_last: bool = False,
+    ) -> XDConv:
+        """The XD-operation equal to the convolution with these weights (c_out, c_in, k[, k])."""
+        c_out, c_in, *kernel = weight.shape
+        if len(set(kernel)) != 1 or len(kernel) != len(input_size):
+            raise ValueError(
+                f"need a square kernel over {len(input_size)} axes, got weight {tuple(weight.shape)}"
+            )
+        xd = cls(
+            c_in,
+            c_out,
+            kernel[0],
+            input_size,
+            stride=stride,
+            padding=padding,
+            bias=bias is not None,
+            channels_last=channels_last,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        with torch.no_grad():
+            xd.weight.copy_(weight)
+            if bias is not None:
+                xd.bias.copy_(bias)
+        return xd
+
+    def _butterflies(self) -> tuple[list[_Axis], list[_Axis], list[_Axis]]:
+        """Per-axis K, L and M; a dense axis multiplies out its three matrices in one batch."""
+        sizes = [n // 2 * (n.bit_length() - 1) for n in self.fourier]
+        split = [torch.view_as_complex(p).split(sizes) for p in (self.K, self.L, self.M)]
+        per_axis = zip(*split, strict=True)
+        k_axes, l_axes, m_axes = [], [], []
+        for n, twiddles in zip(self.fourier, per_axis, strict=True):
+            stacked = torch.stack(twiddles).reshape(3, n.bit_length() - 1, n // 2, 2, 2)
+            matrices = butterfly_matrix(stacked, n) if n <= DENSE_MAX else (None, None, None)
+            for axes, t, matrix in zip((k_axes, l_axes, m_axes), stacked, matrices, strict=True):
+                axes.append(_Axis(n, t, matrix))
+        return k_axes, l_axes, m_axes
+
+    def _diagonal(self, l_axes: Sequence[_Axis]) -> Tensor:
+        """C (L w + b) for every frequency, as (prod(n), c_in, c_out): what multiplies M x."""
+        spatial = len(self.fourier)
+        every = [slice(None)] * spatial
+        filters = self.weight.permute(*range(2, 2 + spatial), 1, 0)  # (*k, c_in, c_out)
+        filters = _separable(filters, l_axes, 0, every, real=False)
+        filters = filters.permute(*range(2, 2 + spatial), 0, 1)  # (*n, c_in, c_out)
+        b = torch.view_as_complex(self.b).reshape(*self.fourier, 1, 1)
+        diagonal = (filters + b) * torch.view_as_complex(self.C).T
+        return diagonal.reshape(-1, self.in_channels, self.out_channels).contiguous()
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Complex products have no reduced-precision kernels: under autocast (mixed-precision
+        # training on CUDA) the operation runs in its parameters' precision.
+        kind = x.device.type
+        if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+            with torch.autocast(kind, enabled=False):
+                return self._xd(x.to(self.weight.dtype))
+        return self._xd(x.to(self.weight.dtype))
+
+    def _xd(self, x: Tensor) -> Tensor:
+        spatial = len(self.fourier)
+        k_axes, l_axes, m_axes = self._butterflies()
+        # Spatial axes first; each transform then consumes the first axis and appends its result.
+        if self.channels_last:
+            z = x.permute(*range(1, 1 + spatial), 0, 1 + spatial)
+        else:
+            z = x.permute(*range(2, 2 + spatial), 0, 1)
+        batch = z.shape[spatial]
+        z = _separable(z, m_axes, self.padding, [slice(None)] * spatial, real=False)
+        # (batch, c_in, *n): the channels mix at each frequency, a (batch x c_in) @ (c_in x c_out)
+        # product (bmm copies non-contiguous operands matrix by matrix, hence `contiguous`).
+        z = z.reshape(batch, self.in_channels, -1).permute(2, 0, 1).contiguous()
+        z = torch.bmm(z, self._diagonal(l_axes)).reshape(*self.fourier, batch, self.out_channels)
+        rows = [slice(0, (out - 1) * self.stride + 1, self.stride) for out in self.out_size]
+        z = _separable(z, k_axes, 0, rows, real=True)  # (batch, c_out, *out)
+        if self.bias is not None:
+            z = z + self.bias.reshape(-1, *[1] * spatial)
+        return z.movedim(1, -1) if self.channels_last else z
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}, input_size={self.input_size}, fourier={self.fourier}, "
+            f"bias={self.bias is not None}, channels_last={self.channels_last}"
+        )
+
+
+# ----------------------------------------------------------------------------- the operation
+
+
+def _positive(value: int) -> str | None:
+    return None if value >= 1 else "must be >= 1"
+
+
+def _non_negative(value: int) -> str | None:
+    return None if value >= 0 else "must be >= 0"
+
+
+@register_op
+class XD(UnaryOperation):
+    """XD-operation: a k-kernel convolution (stride s, zero padding p) to d channels whose
+    Fourier basis (K, L, M, b, C) is learnt, starting exactly at the convolution.
+
+    im mode (C, H, W) -> (d, h, w) over both spatial axes, h = (H + 2p - k) // s + 1 as im2col
+    computes; col mode (S, D) -> (S', d), one-dimensional over the tokens with D as channels
+    (it mixes positions globally, so it is not causal). Params: `xd_parameter_count`; FLOPs:
+    `xd_flops` (the butterflies, diagonal and channel gates; a multiply-add counts 2).
+    """
+
+    name = "xd"
+    group = Group.COMPUTATION
+    arguments = (
+        Argument("d", int, _positive, "output channels"),
+        Argument("k", int, _positive, "kernel size"),
+        Argument("s", int, _positive, "stride"),
+        Argument("p", int, _non_negative, "zero padding"),
+    )
+    description = "XD-operation: a convolution whose DFTs are learnt butterfly (K-)matrices"
+
+    @staticmethod
+    def _geometry(state: FeatureState, args: Mapping[str, Any]) -> tuple[int, Sizes, Sizes]:
+        """(input channels, spatial sizes, output sizes), or Infeasible where the kernel does not fit."""
+        k, s, p = args["k"], args["s"], args["p"]
+        if state.mode == COL:
+            channels, spatial = state.shape[1], state.shape[:1]
+        else:
+            channels, spatial = state.shape[0], state.shape[1:]
+        if min(spatial) + 2 * p < k:
+            padded = "x".join(str(size + 2 * p) for size in spatial)
+            raise infeasible(f"xd kernel {k} larger than the padded input {padded} of {state}")
+        return channels, tuple(spatial), tuple((size + 2 * p - k) // s + 1 for size in spatial)
+
+    def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
+        _, _, out = self._geometry(state, args)
+        shape = (*out, args["d"]) if state.mode == COL else (args["d"], *out)
+        return state._replace(shape=shape)
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        channels, spatial, _ = self._geometry(state, args)
+        return XDConv(
+            channels, args["d"], args["k"], spatial, args["s"], args["p"], channels_last=state.mode == COL
+        )
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        channels, spatial, _ = self._geometry(state, args)
+        fourier = fourier_sizes(spatial, args["k"], args["p"])
+        return xd_parameter_count(channels, args["d"], args["k"], fourier)
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        channels, spatial, out = self._geometry(state, args)
+        return xd_flops(channels, args["d"], fourier_sizes(spatial, args["k"], args["p"]), out)

@@ -1,0 +1,289 @@
+"""XD-operations: butterflies are the FFT at initialisation, the warm start is exactly the
+convolution (forward and backward, every (k, s, p) of the grammar's grid, 1-d and 2-d), the
+registry contract, and the architecture parameters can leave the convolution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import einspace.ops.xd as xd_module
+from einspace import compile_network
+from einspace.architectures import act, computation, network, seq
+from einspace.errors import Infeasible
+from einspace.ops import get_op
+from einspace.ops.xd import XDConv, butterfly, butterfly_matrix, dft_twiddles, xd_flops, xd_parameter_count
+from einspace.state import COL, IM, FeatureState
+from einspace.trainable import architecture_parameters
+
+#: The (k, s, p) grid of im2col in grammars/einspace.pcfg.
+GRID = [(1, 1, 0), (1, 2, 0), (3, 1, 1), (3, 2, 1), (4, 4, 0), (8, 8, 0), (16, 16, 0)]
+ARCHITECTURE = {"K", "L", "M", "b", "C"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    yield
+    torch.set_num_threads(threads)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+# ----------------------------------------------------------------------------- butterflies
+
+
+@pytest.mark.parametrize("length, n", [(1, 1), (3, 4), (5, 8), (37, 64), (100, 128)])
+def test_butterfly_at_init_is_the_fft_of_the_zero_padded_axis(length: int, n: int):
+    x = torch.randn(4, length, dtype=torch.complex128)
+    padded = F.pad(torch.view_as_real(x), (0, 0, 0, n - length))
+    padded = torch.view_as_complex(padded.contiguous())
+    assert (butterfly(padded, dft_twiddles(n)) - torch.fft.fft(x, n=n)).abs().max() < 1e-12
+    inverse = butterfly(padded, dft_twiddles(n, inverse=True, scale=1 / n))
+    assert (inverse - torch.fft.ifft(x, n=n)).abs().max() < 1e-12
+    unitary = butterfly(padded, dft_twiddles(n, scale=n**-0.5))
+    assert (unitary - torch.fft.fft(x, n=n, norm="ortho")).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 64])
+def test_dense_matrix_multiplies_out_the_same_factors(n: int):
+    """The dense form (small axes) and the stage-by-stage form (large axes) are one matrix, for
+    any twiddles, and at init the DFT matrix."""
+    twiddles = torch.randn(dft_twiddles(n).shape, dtype=torch.complex128)
+    by_stages = butterfly(torch.eye(n, dtype=torch.complex128), twiddles).T
+    assert (butterfly_matrix(twiddles, n) - by_stages).abs().max() < 1e-12
+    dft = torch.fft.fft(torch.eye(n, dtype=torch.complex128), dim=0)
+    assert (butterfly_matrix(dft_twiddles(n), n) - dft).abs().max() < 1e-12
+    batched = butterfly_matrix(torch.stack([twiddles, dft_twiddles(n)]), n)
+    assert (batched[0] - by_stages).abs().max() < 1e-12 and (batched[1] - dft).abs().max() < 1e-12
+
+
+def test_butterfly_rejects_sizes_that_are_not_powers_of_two():
+    with pytest.raises(ValueError, match="power-of-two"):
+        dft_twiddles(12)
+
+
+# ----------------------------------------------------------------------------- the convolution point
+
+
+def _spatial(k: int, dims: int) -> tuple[int, ...]:
+    """Non-square inputs; k = 16 gets one large enough for more than one output per axis."""
+    if dims == 1:
+        return (37,)
+    return (33, 40) if k == 16 else (18, 20)
+
+
+def _conv_pair(k: int, s: int, p: int, dims: int, channels_last: bool = False):
+    """A float64 convolution's weights, bias, input, and the XD warm-started from them."""
+    spatial = _spatial(k, dims)
+    weight = torch.randn(5, 3, *(k,) * dims, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 3, *spatial, dtype=torch.float64, requires_grad=True)
+    xd = XDConv.from_conv(weight.detach(), bias.detach(), s, p, spatial, channels_last=channels_last)
+    return weight, bias, x, xd
+
+
+def _check_against_conv(k: int, s: int, p: int, dims: int, channels_last: bool = False) -> None:
+    weight, bias, x, xd = _conv_pair(k, s, p, dims, channels_last)
+    conv = F.conv1d if dims == 1 else F.conv2d
+    ref = conv(x, weight, bias, stride=s, padding=p)
+    x_xd = x.detach().movedim(1, -1) if channels_last else x.detach()
+    x_xd.requires_grad_()
+    out = xd(x_xd)
+    out = out.movedim(-1, 1) if channels_last else out
+    assert out.shape == ref.shape
+    assert relative(out, ref) < 1e-5
+    upstream = torch.randn_like(ref)
+    ref.backward(upstream)
+    out.backward(upstream)
+    x_grad = x_xd.grad.movedim(-1, 1) if channels_last else x_xd.grad
+    assert relative(x_grad, x.grad) < 1e-5
+    assert relative(xd.weight.grad, weight.grad) < 1e-5
+    assert relative(xd.bias.grad, bias.grad) < 1e-5
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+@pytest.mark.parametrize("k, s, p", GRID)
+def test_warm_start_is_the_convolution_forward_and_backward(k: int, s: int, p: int, dims: int):
+    _check_against_conv(k, s, p, dims)
+
+
+@pytest.mark.parametrize("k, s, p", [(3, 1, 1), (4, 4, 0)])
+def test_channels_last_is_the_convolution_over_tokens(k: int, s: int, p: int):
+    _check_against_conv(k, s, p, 1, channels_last=True)
+
+
+@pytest.mark.parametrize("k, s, p, dims", [(3, 1, 1, 2), (3, 2, 1, 1), (8, 8, 0, 2)])
+def test_stage_by_stage_path_is_the_convolution_too(monkeypatch, k: int, s: int, p: int, dims: int):
+    monkeypatch.setattr(xd_module, "DENSE_MAX", 0)
+    _check_against_conv(k, s, p, dims)
+
+
+def test_runs_in_full_precision_under_autocast():
+    """Mixed-precision training autocasts the layers around it; the XD-operation itself stays
+    in its parameters' precision (complex products have no reduced-precision kernels)."""
+    xd = XDConv(3, 4, 3, (8, 10), padding=1)
+    x = torch.randn(2, 3, 8, 10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = xd(x.bfloat16())
+    assert out.dtype == torch.float32
+    assert relative(out, F.conv2d(x.bfloat16().float(), xd.weight, xd.bias, padding=1)) < 1e-5
+
+
+def test_default_initialisation_is_a_fresh_convolution():
+    """Weights and bias drawn as nn.Conv2d draws them, and the operation is that convolution."""
+    xd = XDConv(4, 6, 3, (9, 7), stride=2, padding=1).double()
+    conv = torch.nn.Conv2d(4, 6, 3)
+    bound = 1 / (4 * 3 * 3) ** 0.5
+    for mine, theirs in ((xd.weight, conv.weight), (xd.bias, conv.bias)):
+        assert mine.shape == theirs.shape
+        assert mine.abs().max() <= bound and theirs.abs().max() <= bound
+        assert mine.std() > bound / 3  # uniform on [-bound, bound], not a narrower law
+    x = torch.randn(2, 4, 9, 7, dtype=torch.float64)
+    assert relative(xd(x), F.conv2d(x, xd.weight, xd.bias, stride=2, padding=1)) < 1e-5
+
+
+def test_parameter_count_by_hand():
+    """2-d, 3 -> 5 channels, k = 3, p = 1 on 18 x 20: axes of 32 points (18 + 1 and 20 + 1 pad
+    to 32); each butterfly has 5 stages of 16 complex 2x2 blocks."""
+    xd = XDConv(3, 5, 3, (18, 20), padding=1)
+    assert xd.fourier == (32, 32)
+    butterflies = 3 * 2 * (5 * 16 * 4 * 2)  # K, L, M; two axes; real numbers
+    by_hand = 5 * 3 * 9 + 5 + 2 * 5 * 3 + 2 * 32 * 32 + butterflies
+    assert sum(p.numel() for p in xd.parameters()) == by_hand == xd_parameter_count(3, 5, 3, (32, 32))
+
+
+def test_flops_by_hand():
+    """1-d, 2 -> 3 channels on 16 points: 4 butterfly factors of 16 complex multiply-adds (8
+    FLOPs each) per channel transform, 5 transforms; 3 * 2 * 16 diagonal products; 3 * 8 biases."""
+    assert xd_flops(2, 3, (16,), (8,)) == 5 * 4 * 16 * 16 + 8 * 3 * 2 * 16 + 3 * 8
+
+
+# ----------------------------------------------------------------------------- the operation
+
+
+def _state(mode: str, shape: tuple[int, ...], folds: tuple[tuple[int, int], ...] = ()) -> FeatureState:
+    return FeatureState(shape, mode, folds)
+
+
+CASES: list[tuple[FeatureState, dict[str, Any]]] = [
+    (_state(IM, (3, 18, 20)), {"d": 16, "k": 3, "s": 1, "p": 1}),
+    (_state(IM, (3, 18, 20)), {"d": 32, "k": 3, "s": 2, "p": 1}),
+    (_state(IM, (2, 33, 40)), {"d": 16, "k": 16, "s": 16, "p": 0}),
+    (_state(IM, (4, 8, 8), ((4, 4),)), {"d": 16, "k": 4, "s": 4, "p": 0}),
+    (_state(COL, (37, 6)), {"d": 16, "k": 3, "s": 1, "p": 1}),
+    (_state(COL, (64, 6), ((8, 8),)), {"d": 32, "k": 8, "s": 8, "p": 0}),
+]
+
+
+@pytest.mark.parametrize("state, args", CASES, ids=lambda c: str(c))
+def test_registry_contract(state: FeatureState, args: dict[str, Any]):
+    op = get_op("xd")
+    (out_state,) = op.infer((state,), args)
+    assert out_state.mode == state.mode and out_state.folds == state.folds
+    module = op.build((state,), args)
+    x = torch.randn(2, *state.shape)
+    y = module(x)
+    assert tuple(y.shape[1:]) == out_state.shape
+    assert op.param_count((state,), args) == sum(p.numel() for p in module.parameters())
+    assert op.flops((state,), args) > 0
+    named = dict(architecture_parameters(module))
+    assert set(named) == ARCHITECTURE
+    y.square().mean().backward()
+    for name, param in named.items():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+def test_im_mode_matches_im2col_geometry():
+    state = _state(IM, (3, 18, 20))
+    for k, s, p in GRID:
+        (xd_out,) = get_op("xd").infer((state,), {"d": 8, "k": k, "s": s, "p": p})
+        (cols,) = get_op("im2col").infer((state,), {"k": k, "s": s, "p": p})
+        assert xd_out.shape[1:] == cols.folds[-1]
+
+
+@pytest.mark.parametrize(
+    "state, args, reason",
+    [
+        (_state(IM, (3, 8, 8)), {"d": 8, "k": 16, "s": 16, "p": 0}, "kernel 16 larger than .* input 8x8"),
+        (_state(COL, (6, 4)), {"d": 8, "k": 8, "s": 8, "p": 0}, "kernel 8 larger than .* input 6 "),
+    ],
+)
+def test_infeasible_where_the_kernel_does_not_fit(state: FeatureState, args: dict[str, Any], reason: str):
+    with pytest.raises(Infeasible, match=reason):
+        get_op("xd").infer((state,), args)
+
+
+def test_in_a_compiled_network():
+    """A tree with an xd terminal checks, compiles and trains its architecture parameters."""
+    tree = network(seq(computation("xd", d=8, k=3, s=2, p=1), act()))
+    net = compile_network(tree, _state(IM, (1, 8, 8)), classes=10)
+    logits = net(torch.randn(4, 1, 8, 8))
+    assert logits.shape == (4, 10)
+    logits.sum().backward()
+    names = {name.rsplit(".", 1)[-1] for name, _ in architecture_parameters(net)}
+    assert names == ARCHITECTURE
+
+
+# ----------------------------------------------------------------------------- leaving the convolution
+
+
+def test_architecture_parameters_alone_move_towards_a_dilated_convolution():
+    """With the weights frozen at w, Adam on K, L, M, b, C fits the dilated convolution with
+    the same w (taps two apart), which the warm start (an ordinary convolution) does not."""
+    weight = torch.randn(2, 2, 3)
+    xd = XDConv.from_conv(weight, None, 1, 1, (16,))
+    data = torch.randn(64, 2, 16)
+    target = F.conv1d(data, weight, padding=2, dilation=2)
+    xd.weight.requires_grad_(False)
+    optimiser = torch.optim.Adam([p for _, p in architecture_parameters(xd)], lr=0.01)
+
+    def loss() -> torch.Tensor:
+        return F.mse_loss(xd(data), target)
+
+    with torch.no_grad():
+        start = loss().item()
+    for _ in range(60):
+        optimiser.zero_grad()
+        value = loss()
+        value.backward()
+        optimiser.step()
+    with torch.no_grad():
+        end = loss().item()
+    assert end < 0.1 * start  # about 0.02 * start in practice
+
+
+def _convolutions(tree: Any) -> tuple[int, int]:
+    """(XD-operations, im2col·linear·col2im convolutions) in a tree."""
+    from einspace.tree import to_text
+
+    text = to_text(tree)
+    return text.count("xd("), text.count("(R1 im2col(")
+
+
+def test_mutation_turns_a_convolution_into_an_xd_operation_and_back():
+    """In `einspace_plus`, resampling a subtree can swap a convolution for an XD-operation (which
+    then starts from a convolution's function) and an XD-operation for a convolution."""
+    import random
+
+    from einspace import Limits, Variation, load_grammar
+    from einspace.architectures import conv
+    from einspace.state import input_state
+
+    grammar, x = load_grammar("einspace_plus"), input_state((3, 16, 16))
+    variation = Variation(grammar, x, Limits(max_depth=10, max_nodes=60), rng=random.Random(0))
+    with_conv = network(seq(conv(16), act(), conv(16), act()))
+    with_xd = network(
+        seq(computation("xd", d=16, k=3, s=1, p=1), act(), computation("xd", d=16, k=3, s=1, p=1))
+    )
+    gained = [_convolutions(variation.mutate(with_conv)) for _ in range(400)]
+    lost = [_convolutions(variation.mutate(with_xd)) for _ in range(400)]
+    assert any(xds >= 1 and convs < 2 for xds, convs in gained)  # a convolution became an XD-operation
+    assert any(xds < 2 and convs >= 1 for xds, convs in lost)  # an XD-operation became a convolution
