@@ -71,7 +71,7 @@ class GateTotal:
         return (sum(self.gates) - self.target) ** 2
 
     def metrics(self) -> dict[str, float]:
-        return {"total": float(sum(self.gates)), "params": float(self.params)}
+        return {"total": float(sum(self.gates).detach()), "params": float(self.params)}
 
 
 @pytest.fixture
