@@ -17,7 +17,7 @@ probabilities mean what they say) with the quick start's limits and budgets. Rep
 best validation accuracy of its K (what a random search returns), their mean (the quality of the
 distribution itself), and how many failed (over a budget, or a training error), each as the mean
 over seeds with the per-seed values. Runs are kept under runs/benchmarks/learned_probabilities/
-(`quick/` for --quick) and resumed if the script is run again (delete the folder to start over).
+(`epochs<E>/`, `quick/` for --quick) and resumed if the script is run again (delete it to start over).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.evaluations, args.epochs, args.seeds, args.tasks = 6, 1, 2, ["digits"]
     seeds = list(range(args.seeds))
-    root = ROOT / "quick" if args.quick else ROOT
+    root = ROOT / ("quick" if args.quick else f"epochs{args.epochs}")
     started = time.perf_counter()
     results: dict[tuple[str, str, int], tuple[float, float, int]] = {}
     for task in args.tasks:

@@ -162,9 +162,13 @@ def run_one(dataset: str, method: str, seed: int, trained: int, max_seconds: flo
 
 
 def _mean_sd(values: list[float]) -> str:
-    mean = statistics.fmean(values)
-    sd = statistics.stdev(values) if len(values) > 1 else math.nan
-    return f"{100 * mean:5.1f} ± {100 * sd:4.1f}"
+    """Mean ± standard deviation in %, of the values that are not nan (how many, if not all)."""
+    known = [v for v in values if not math.isnan(v)]
+    if not known:
+        return "failed"
+    sd = statistics.stdev(known) if len(known) > 1 else math.nan
+    text = f"{100 * statistics.fmean(known):5.1f} ± {100 * sd:4.1f}"
+    return text if len(known) == len(values) else f"{text} ({len(known)} of {len(values)})"
 
 
 def _describe_setup(trained: int, max_seconds: float | None) -> str:

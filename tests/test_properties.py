@@ -2,15 +2,15 @@
 stay within their limits, and compile to networks whose real shapes and sizes are the analytic ones.
 
 Every test is derandomised (hypothesis draws the same seeds on every run), so CI is reproducible.
-Which compiled trees run a real forward pass on the CPU is decided by their estimated cost (FLOPs,
-parameters and activations, from the checker), not by their size: a tree of hundreds of
-terminals that is cheap to run runs. Networks too costly for that are built and run on torch's
-`meta` device (shapes and parameter counts, no arithmetic); those with too many module instances
-even for that (nested repeats multiply them) have each of their distinct operation instances
-built and run on `meta` instead. At the end of the module a line says how many trees took each
-tier, and how large they were; `test_cpu_forward_covers_most_trees` and
-`test_large_networks_run_on_the_cpu` make sure the real forward pass is the common case, for
-large trees too.
+Which compiled trees run a real forward pass on the CPU is decided by what building and running
+them costs, estimated by the checker (FLOPs, activations, parameters, module instances), not by
+how many terminals they have: a tree of a hundred terminals that is cheap to run runs. Networks
+too costly for that are built and run on torch's `meta` device (shapes and parameter counts, no
+arithmetic); those with too many module instances even for that (nested repeats multiply them)
+have each of their distinct operation instances built and run on `meta` instead. At the end of the
+module a report says how many trees took each tier, and how large they were;
+`test_cpu_forward_covers_most_trees` and `test_large_networks_run_on_the_cpu` make sure the real
+forward pass is the common case, for large trees too.
 """
 
 from __future__ import annotations
@@ -229,30 +229,31 @@ def _assert_compiles_and_runs(checked: CheckedTree) -> str:
 
 
 def tier_report(runs: list[tuple[str, int]]) -> str:
-    """One line: how many trees ran which tier, and their sizes in terminals."""
-    parts = []
+    """How many trees ran which tier, and their sizes in terminals: a line per tier."""
+    lines = [f"test_properties: {len(runs)} compiled trees, by tier"]
     for tier, what in (
         ("cpu", "a real forward pass on the CPU"),
-        ("meta", "built whole on meta"),
-        ("operations", "each operation on meta"),
+        ("meta", "built whole on meta, shapes only"),
+        ("operations", "each distinct operation on meta"),
     ):
         sizes = sorted(n for t, n in runs if t == tier)
         if sizes:
-            parts.append(
-                f"{len(sizes)} {what} (terminals: median {stats.median(sizes):g}, max {sizes[-1]}, "
-                f"{sum(n >= 20 for n in sizes)} with 20 or more)"
+            lines.append(
+                f"  {tier:<10} {len(sizes):>4} ({what}): terminals median {stats.median(sizes):g}, "
+                f"max {sizes[-1]}, {sum(n >= 20 for n in sizes)} with 20 or more"
             )
-    return f"test_properties: {len(runs)} compiled trees: " + "; ".join(parts)
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _report_tiers(request):
-    """After the module: the tier line in the test output (also under -q)."""
+    """After the module: the tier report in the test output (also under -q)."""
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and TIERS_RUN:
-        reporter.ensure_newline()
-        reporter.write_line(tier_report(TIERS_RUN))
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is not None and capture is not None and TIERS_RUN:
+        with capture.global_and_fixture_disabled():  # teardown output is captured otherwise
+            reporter.write("\n" + tier_report(TIERS_RUN) + "\n")
 
 
 # ----------------------------------------------------------------------------- sampling
