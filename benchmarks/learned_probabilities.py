@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> None:
             cells = []
             for column in range(3):
                 values = [results[(task, arm, s)][column] for s in seeds]
-                digits = 0 if column == 2 else 3
+                digits = 0 if column == 2 else 3  # failures: a count per seed, their mean to one decimal
                 per_seed = ", ".join(f"{v:.{digits}f}" for v in values)
-                cells.append(f"{statistics.fmean(values):.{digits}f} [{per_seed}]")
+                cells.append(f"{statistics.fmean(values):.{max(digits, 1)}f} [{per_seed}]")
             print(f"{task:<11} {arm:<9} {cells[0]:<30} {cells[1]:<30} {cells[2]:<12}")
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
