@@ -30,7 +30,7 @@ from einspace.errors import Infeasible, SamplingError
 from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, SymbolItem
 from einspace.inside import AbstractSignal, InsideTables, abstract_of, inside_tables
 from einspace.ops.registry import Args, get_op
-from einspace.sampler import Limits, cyclic_gc_paused, tree_depth
+from einspace.sampler import Limits, SamplerBase, cyclic_gc_paused, tree_depth
 from einspace.state import RANK_OF_MODE, FeatureState, Signal, describe
 from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal
 
@@ -146,7 +146,7 @@ def _plan_book(tables: InsideTables) -> _PlanBook:
     return _PlanBook(tables)
 
 
-class ExactSampler:
+class ExactSampler(SamplerBase):
     """Samples trees from `grammar` for `input` within `limits`, exactly from the PCFG conditioned on
     validity (see the module docstring). Same interface as the paper-mode `Sampler`.
 
@@ -162,10 +162,7 @@ class ExactSampler:
         random_seed: int | None = None,
         rng: random.Random | None = None,
     ):
-        self.grammar = grammar
-        self.input: Signal = (input,) if isinstance(input, FeatureState) else tuple(input)
-        self.limits = limits or Limits()
-        self.rng = rng if rng is not None else random.Random(random_seed)
+        super().__init__(grammar, input, limits, random_seed, rng)
         modes = abstract_of(self.input)
         self.tables: InsideTables = inside_tables(grammar, modes, self.limits.max_depth)
         #: drafts started, trees accepted, and drafts rejected by reason ("shapes", "nodes", ...).

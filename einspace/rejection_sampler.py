@@ -15,7 +15,7 @@ from collections import Counter
 from einspace.errors import Infeasible, SamplingError
 from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, SymbolItem
 from einspace.ops.registry import get_op
-from einspace.sampler import Limits, cyclic_gc_paused
+from einspace.sampler import Limits, SamplerBase, cyclic_gc_paused
 from einspace.state import FeatureState, Signal, describe
 from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal
 
@@ -26,7 +26,7 @@ class _Invalid(Exception):
     """Internal: the draft is not a valid tree within the limits; `args[0]` says why."""
 
 
-class RejectionSampler:
+class RejectionSampler(SamplerBase):
     """Draws from the PCFG until a draft is valid within `limits` (`max_attempts` x 100 drafts at most)."""
 
     def __init__(
@@ -37,10 +37,7 @@ class RejectionSampler:
         random_seed: int | None = None,
         rng: random.Random | None = None,
     ):
-        self.grammar = grammar
-        self.input: Signal = (input,) if isinstance(input, FeatureState) else tuple(input)
-        self.limits = limits or Limits()
-        self.rng = rng if rng is not None else random.Random(random_seed)
+        super().__init__(grammar, input, limits, random_seed, rng)
         #: drafts started and kept, and drafts thrown away by reason.
         self.stats: Counter[str] = Counter()
 

@@ -88,7 +88,28 @@ class _Alt:
     reserve: tuple[int, ...]  # reserve[k]: minimum nodes the items after k still need
 
 
-class Sampler:
+class SamplerBase:
+    """What every sampling mode takes: a grammar, the input, the limits and a random stream
+    (`rng`, or one seeded by `random_seed`); subclasses implement `sample()`."""
+
+    def __init__(
+        self,
+        grammar: Grammar,
+        input: FeatureState | Signal,
+        limits: Limits | None = None,
+        random_seed: int | None = None,
+        rng: random.Random | None = None,
+    ):
+        self.grammar = grammar
+        self.input: Signal = (input,) if isinstance(input, FeatureState) else tuple(input)
+        self.limits = limits or Limits()
+        self.rng = rng if rng is not None else random.Random(random_seed)
+
+    def sample(self) -> Node:
+        raise NotImplementedError
+
+
+class Sampler(SamplerBase):
     """Samples derivation trees from a grammar for a given input; reproducible by random seed.
 
     >>> sampler = Sampler(load_grammar("grammars/einspace.pcfg"), input_state((3, 32, 32)), random_seed=0)
@@ -103,10 +124,7 @@ class Sampler:
         random_seed: int | None = None,
         rng: random.Random | None = None,
     ):
-        self.grammar = grammar
-        self.input: Signal = (input,) if isinstance(input, FeatureState) else tuple(input)
-        self.limits = limits or Limits()
-        self.rng = rng if rng is not None else random.Random(random_seed)
+        super().__init__(grammar, input, limits, random_seed, rng)
         self._min_nodes, self._min_height = _minimum_sizes(grammar)
         self._alts = {
             (sym, id(rule)): tuple(self._prepare(alt.items, alt.probability) for alt in rule.alternatives)

@@ -36,6 +36,7 @@ __all__ = [
     "NetworkLoss",
     "architecture_metrics",
     "architecture_parameters",
+    "auxiliary_loss_modules",
     "auxiliary_losses",
     "build_network_loss",
     "constrain_architecture",
@@ -76,14 +77,17 @@ def architecture_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Paramete
             yield (f"{prefix}.{name}" if prefix else name), getattr(module, name)
 
 
-def auxiliary_losses(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The auxiliary loss terms of every module of `model`, equal names summed, unweighted."""
+def auxiliary_loss_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of `model` that provide auxiliary loss terms (found once, used every step)."""
+    return [m for m in model.modules() if callable(getattr(m, "auxiliary_losses", None))]
+
+
+def auxiliary_losses(model: nn.Module, modules: list[nn.Module] | None = None) -> dict[str, torch.Tensor]:
+    """The auxiliary loss terms of every module of `model` (or of `modules`, from
+    `auxiliary_loss_modules`), equal names summed, unweighted."""
     terms: dict[str, torch.Tensor] = {}
-    for module in model.modules():
-        provide = getattr(module, "auxiliary_losses", None)
-        if not callable(provide):
-            continue
-        for name, value in provide().items():
+    for module in auxiliary_loss_modules(model) if modules is None else modules:
+        for name, value in module.auxiliary_losses().items():
             terms[name] = terms[name] + value if name in terms else value
     return terms
 

@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from einspace.errors import EinspaceError
-from einspace.trainable import NetworkLoss, auxiliary_losses, build_network_loss, network_losses
+from einspace.trainable import (
+    NetworkLoss,
+    auxiliary_loss_modules,
+    auxiliary_losses,
+    build_network_loss,
+    network_losses,
+)
 
 __all__ = ["AuxiliaryObjective", "check_auxiliary_settings"]
 
@@ -45,6 +51,7 @@ class AuxiliaryObjective:
     def __init__(self, network: nn.Module, checked: Any, settings: Mapping[str, Any]):
         check_auxiliary_settings(settings)
         self.network = network
+        self.providers = auxiliary_loss_modules(network)
         self.weights: dict[str, float] = {}
         self.network_losses: dict[str, NetworkLoss] = {}
         for name, value in settings.items():
@@ -60,7 +67,9 @@ class AuxiliaryObjective:
 
     def __call__(self) -> torch.Tensor | None:
         """The weighted sum of every term now (None when there are none); records each term."""
-        terms = auxiliary_losses(self.network)
+        if not self.providers and not self.network_losses:
+            return None
+        terms = auxiliary_losses(self.network, self.providers)
         for name, loss in self.network_losses.items():
             terms[name] = loss.loss()
         if not terms:
