@@ -17,7 +17,9 @@ Time: the fastest of `--repeats` steps, the terminal and its baseline alternatin
 warm-up step each, on one thread by default (`--threads 0` for torch's choice), for the reasons
 given in benchmarks/compiled_vs_handwritten.py. Memory: the peak bytes torch's CPU allocator
 holds during one step, above what it held before (the same helper as that benchmark). Input:
-`--batch` images of `--channels` × `--size` × `--size`, float32, CPU.
+`--batch` images of `--channels` × `--size` × `--size`, float32, on the CPU or, with
+`--device cuda`, on the GPU (each step then ends with a synchronisation; memory is the CUDA
+allocator's peak).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import compiled_vs_handwritten  # beside this script, on sys.path
 import torch
-from compiled_vs_handwritten import peak_bytes  # beside this script, on sys.path
+from compiled_vs_handwritten import peak_bytes
 from torch import nn
 
 from einspace.ops import get_op, list_ops
@@ -107,14 +110,17 @@ def training_step(module: nn.Module, inputs: Any) -> None:
     """Forward, a mean-square loss, backward (gradients reset first, so they count in memory)."""
     module.zero_grad(set_to_none=True)
     module(inputs).square().mean().backward()
+    if compiled_vs_handwritten.DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def measure(row: Row, state: FeatureState, batch: int, repeats: int) -> dict[str, float]:
     torch.manual_seed(0)
+    device = compiled_vs_handwritten.DEVICE
     signal: Signal = (state,) * row.branches
-    terminal = get_op(row.op).build(signal, row.args)
-    baseline = row.baseline(state)
-    x = torch.randn(batch, *state.shape, requires_grad=True)
+    terminal = get_op(row.op).build(signal, row.args).to(device)
+    baseline = row.baseline(state).to(device)
+    x = torch.randn(batch, *state.shape, device=device, requires_grad=True)
     inputs = {"terminal": [x] * row.branches if row.branches > 1 else x, "baseline": x}
     modules = {"terminal": terminal, "baseline": baseline}
     for name, module in modules.items():
@@ -147,7 +153,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's choice)")
     parser.add_argument("--only", nargs="*", help="families or operations to run (default: all)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
+    compiled_vs_handwritten.DEVICE = torch.device(args.device)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     if args.threads:
         torch.set_num_threads(args.threads)
     state = FeatureState((args.channels, args.size, args.size), "im")
@@ -156,7 +165,7 @@ def main() -> None:
     if missing:
         raise SystemExit(f"operations not registered: {', '.join(missing)}")
     print(
-        f"extra terminals vs baselines: batch {args.batch}, input {state}, CPU, "
+        f"extra terminals vs baselines: batch {args.batch}, input {state}, {where}, "
         f"{torch.get_num_threads()} thread(s), fastest of {args.repeats} steps (forward+backward)"
     )
     header = (

@@ -1,31 +1,41 @@
 #!/usr/bin/env bash
-# Issue 11's GPU measurements, prepared as one script for a session with a GPU (none of them has been
-# run yet). Run from the project root on the GPU machine:
+# Issue 11's GPU measurements, prepared as one script for a session with a GPU. Run from the project
+# root on the GPU machine:
 #
-#   bash benchmarks/gpu_session.sh [PHASE ...]      # default: every phase, about 9 minutes on one H100/H200
+#   BUDGET=560 bash benchmarks/gpu_session.sh [PHASE ...]   # default: every phase, in priority order
 #
-# Phases: env tests context pool graphs mps steps compiled (run them in two calls if the time per
-# command is short: `env tests context pool` then `graphs mps steps compiled`). Everything is written
-# to $OUT (the device tool's output folder; ./gpu_session_out elsewhere), one file per phase.
+# Phases: env gputests pool compiled steps graphs xd mps context tests. Each phase has its own time
+# limit, cut to what is left of BUDGET seconds (default 560), so the script ends inside one command
+# of the device tool; a phase with under 20 s left is skipped. Everything goes to one log,
+# $OUT/session.log (the device tool's output folder; ./gpu_session_out elsewhere), and the pool runs
+# also to $OUT/<phase>.json: at most eight files come back from the device.
 # On an offline machine whose Python has torch: put the wheels from ../shared/tools/gpu/prepare-wheels.sh
 # in .whl/ with a copy of ../shared/tools/gpu/install.sh, carry .whl, and this script installs them.
 set -uo pipefail
 OUT=${OUT:-gpu_session_out}
+BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
+LOG="$OUT/session.log"
 PY=${PYTHON:-python3}
-phases=${*:-env tests context pool graphs mps steps compiled}
+export PYTHONUNBUFFERED=1
+phases=${*:-env gputests pool compiled steps graphs xd mps context tests}
 
 if ! "$PY" -c "import einspace.search, ray, lark" 2>/dev/null; then
-  bash .whl/install.sh 2>&1 | tee "$OUT/install.txt"
+  bash .whl/install.sh 2>&1 | tee -a "$LOG"
 fi
 
-run() {  # run NAME SECONDS COMMAND...: a phase under a time limit, its output kept
+run() {  # run NAME SECONDS COMMAND...: a phase under a time limit (cut to the budget left), logged
   local name=$1 limit=$2; shift 2
-  echo "== $name: $*" | tee -a "$OUT/summary.txt"
+  local left=$((BUDGET - SECONDS - 5))
+  if ((left < 20)); then
+    echo "== $name: skipped, ${left} s of the budget left" | tee -a "$LOG"
+    return
+  fi
+  ((limit > left)) && limit=$left
+  echo "== $name (limit ${limit} s, at ${SECONDS} s): $*" | tee -a "$LOG"
   local started=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-  echo "   exit $? after $((SECONDS - started)) s" | tee -a "$OUT/summary.txt"
-  tail -n 25 "$OUT/$name.txt"
+  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n 30
+  echo "   $name: exit ${PIPESTATUS[0]} after $((SECONDS - started)) s" | tee -a "$LOG"
 }
 
 for phase in $phases; do
@@ -33,13 +43,18 @@ for phase in $phases; do
   env)  # the card, the driver, torch and ray
     run env 60 bash -c "nvidia-smi; $PY -c 'import torch, ray; print(torch.__version__, torch.version.cuda, ray.__version__, torch.cuda.get_device_name())'"
     ;;
-  tests)  # the GPU tests, and the CPU-assuming tests with CUDA present (device: auto picks the GPU)
-    run tests 300 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" tests/test_training.py tests/test_workers.py \
-      tests/test_search_ray.py
-    run tests_gpu 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_training.py
+  gputests)  # the GPU tests, and the training and worker tests with CUDA present
+    run gputests 90 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_training.py \
+      tests/test_workers.py
+    ;;
+  tests)  # the whole default suite with CUDA present (device: auto picks the GPU), in parallel
+    run tests 400 "$PY" -m pytest -q -p no:cacheprovider -n 12 -x tests
+    ;;
+  xd)  # issue 9: XD-operations against the convolutions they start at, on the GPU
+    run xd 60 "$PY" benchmarks/extra_terminals.py --device cuda --only XD --repeats 20
     ;;
   context)  # what a worker process holds on its GPU before its first tensor (packing.PROCESS_BYTES)
-    run context 120 "$PY" - <<'EOF'
+    run context 60 "$PY" - <<'EOF'
 import os, subprocess, torch, torch.nn.functional as F
 torch.cuda.synchronize()
 x = torch.randn(64, 16, 32, 32, device="cuda", requires_grad=True)
@@ -55,27 +70,27 @@ print(f"process {used.get(os.getpid())} MiB on the device, of which torch alloca
 EOF
     ;;
   pool)  # persistent workers against fresh processes: 48 evaluations, 8 per GPU (the issue's task)
-    run pool 420 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --json "$OUT/pool.json"
+    run pool 200 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --json "$OUT/pool.json"
     ;;
   graphs)  # the same with CUDA graphs for the training steps, persistent workers only
-    run graphs 240 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --modes persistent \
+    run graphs 60 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --modes persistent \
       --settings '{"step_mode": "cuda_graphs"}' --json "$OUT/graphs.json"
     ;;
   mps)  # the same under NVIDIA MPS (kernels of the 8 processes run concurrently instead of time-sliced)
     if command -v nvidia-cuda-mps-control >/dev/null; then
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
       mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-      nvidia-cuda-mps-control -d
-      run mps 240 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --modes persistent \
+      timeout 10 nvidia-cuda-mps-control -d
+      run mps 60 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --modes persistent \
         --json "$OUT/mps.json"
-      echo quit | nvidia-cuda-mps-control
+      echo quit | timeout 10 nvidia-cuda-mps-control
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     else
-      echo "== mps: nvidia-cuda-mps-control not found, skipped" | tee -a "$OUT/summary.txt"
+      echo "== mps: nvidia-cuda-mps-control not found, skipped" | tee -a "$LOG"
     fi
     ;;
   steps)  # one small network, one process: time per step under each step mode (host round trips)
-    run steps 300 "$PY" - <<'EOF'
+    run steps 100 "$PY" - <<'EOF'
 import tempfile, pathlib, sys
 sys.path.insert(0, "benchmarks")
 from gpu_pool import synthetic_images
@@ -102,7 +117,7 @@ with tempfile.TemporaryDirectory() as tmp:
 EOF
     ;;
   compiled)  # lowered seeds against hand-written models per training step (target: <= 1.10x)
-    run compiled 360 "$PY" benchmarks/compiled_vs_handwritten.py --device cuda --batch 256 --repeats 20 --threads 0
+    run compiled 100 "$PY" benchmarks/compiled_vs_handwritten.py --device cuda --batch 256 --repeats 20 --threads 0
     ;;
   *) echo "unknown phase $phase" ;;
   esac
