@@ -153,7 +153,7 @@ def measure(args: argparse.Namespace, mode: str, data: str, shape: list[int]) ->
     with tempfile.TemporaryDirectory() as tmp:
         e = experiment(args, Path(tmp), mode, data, shape)
         store = open_store(e)
-        executor = e.executor()
+        executor = e.make_executor()
         startup = executor.start_workers(wait=True)
         timed = Latency(executor)
         sampler = Utilisation() if args.device == "cuda" else nullcontext()
@@ -164,7 +164,7 @@ def measure(args: argparse.Namespace, mode: str, data: str, shape: list[int]) ->
         executor.shutdown()
         records = [r for r in store.history() if r.status != "cached"]
         store.close()
-    slots = e["executor"]["max_in_flight"]
+    slots = e.executor.max_in_flight
     n = len(records)
 
     def mean(values: Any) -> float:

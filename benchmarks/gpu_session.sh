@@ -48,7 +48,7 @@ for phase in $phases; do
       tests/test_workers.py
     ;;
   tests)  # the whole default suite with CUDA present (device: auto picks the GPU), in parallel
-    run tests 400 "$PY" -m pytest -q -p no:cacheprovider -n 12 -x tests
+    run tests 240 "$PY" -m pytest -q -p no:cacheprovider -n 12 -x tests
     ;;
   xd)  # issue 9: XD-operations against the convolutions they start at, on the GPU
     run xd 60 "$PY" benchmarks/extra_terminals.py --device cuda --only XD --repeats 20
@@ -73,7 +73,7 @@ EOF
     run pool 200 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --json "$OUT/pool.json"
     ;;
   graphs)  # the same with CUDA graphs for the training steps, persistent workers only
-    run graphs 60 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --modes persistent \
+    run graphs 90 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 24 --in-flight 8 --modes persistent \
       --settings '{"step_mode": "cuda_graphs"}' --json "$OUT/graphs.json"
     ;;
   mps)  # the same under NVIDIA MPS (kernels of the 8 processes run concurrently instead of time-sliced)
@@ -81,7 +81,7 @@ EOF
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
       mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
       timeout 10 nvidia-cuda-mps-control -d
-      run mps 60 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 48 --in-flight 8 --modes persistent \
+      run mps 90 "$PY" benchmarks/gpu_pool.py --device cuda --evaluations 24 --in-flight 8 --modes persistent \
         --json "$OUT/mps.json"
       echo quit | timeout 10 nvidia-cuda-mps-control
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY

@@ -55,12 +55,9 @@ if __name__ != "__main__":  # imported as a plugin (driver and workers): registe
         def __init__(self, seconds: float = SLEEP_S):
             self.seconds = seconds
 
-        def evaluate(self, tree, input, grammar, random_seed):  # noqa: ANN001, ANN201
-            from einspace.checker import check_tree
-
+        def evaluate(self, checked, random_seed):  # noqa: ANN001, ANN201
             time.sleep(self.seconds)
-            params = check_tree(tree, grammar, input).params
-            return {"fitness": -abs(math.log10(params + 1) - 4.0)}
+            return {"fitness": -abs(math.log10(checked.params + 1) - 4.0)}
 
 
 def _experiment(run_dir: Path, kind: str, in_flight: int, evaluations: int, fresh: bool):  # noqa: ANN202
@@ -100,7 +97,7 @@ def _run(kind: str, in_flight: int, evaluations: int, fresh: bool) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         e = _experiment(Path(tmp), kind, in_flight, evaluations, fresh)
         store = open_store(e)
-        executor = e.executor()
+        executor = e.make_executor()
         startup = executor.start_workers(wait=True)
         started = time.perf_counter()
         summary = run_search(e, executor, store)

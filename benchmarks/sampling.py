@@ -184,11 +184,6 @@ def draw(sampler, n: int, budget: float | None = None) -> Draw:
     return out
 
 
-def nodes(checked: es.CheckedTree) -> int:
-    stats = es.statistics(checked)
-    return int(stats["terminals"]) + int(stats["nonterminals"])
-
-
 def paper_counts(checked: es.CheckedTree) -> tuple[int, int, float]:
     """(terminals, modules, branching factor) counted as the paper's code counts for Table 6: every
     copy of a repeated branch counted; modules = S and M nodes; the branching factor is the mean,
@@ -258,7 +253,7 @@ def throughput(grammar, shapes, n: int, budget: float, seed: int) -> dict[tuple,
             for mode in MODES:
                 sampler = es.make_sampler(grammar, x, limits, mode, seed)
                 d = draw(sampler, n, budget)
-                counts = [nodes(c) for c in d.trees]
+                counts = [c.stats.nodes for c in d.trees]
                 stats = getattr(sampler, "stats", None)
                 drafts = f"{stats['drafts'] / max(1, stats['accepted']):.2f}" if stats else "-"
                 print(
@@ -362,7 +357,7 @@ def relative_cost(grammar, draws: dict[tuple, Draw], n_compile: int) -> None:
     print(f"\n== 3. Relative cost per node (wall), {x}, p(M -> C) = 0.32, default limits ==")
     for mode in MODES:
         d = draws[(mode, x.shape)]
-        counts = np.array([nodes(c) for c in d.trees], dtype=float)
+        counts = np.array([c.stats.nodes for c in d.trees], dtype=float)
         sample = np.array(d.wall)
         check = []
         for c in d.trees:
@@ -410,7 +405,7 @@ def sweep(grammar, n: int, limits_name: str, budget: float, seed: int) -> None:
         for p in SWEEP:
             sampler = es.make_sampler(grammar.with_probability("M", 3, p), x, limits, mode, seed)
             d = rows[(mode, p)] = draw(sampler, n, budget)
-            depth = max((int(es.statistics(c)["depth"]) for c in d.trees), default=0)
+            depth = max((c.stats.depth for c in d.trees), default=0)
             median = ms(np.median(d.wall)) if d.wall else "-"
             longest = ms(max(d.wall)) if d.wall else "-"
             print(
@@ -446,7 +441,7 @@ def sweep(grammar, n: int, limits_name: str, budget: float, seed: int) -> None:
         cells = []
         for mode in MODES:
             for key in ("terminals", "nonterminals"):
-                values = [float(es.statistics(c)[key]) for c in rows[(mode, p)].trees]
+                values = [float(getattr(c.stats, key)) for c in rows[(mode, p)].trees]
                 cells.append(
                     f"{np.median(values):>8.1f} {np.mean(values):>9.2f} {max(values):>8.0f}"
                     if values

@@ -131,7 +131,7 @@ def run_one(dataset: str, method: str, seed: int, trained: int, max_seconds: flo
         try:
             run_search(
                 e,
-                e.executor(),
+                e.make_executor(),
                 store,
                 on_result=lambda record, _: counts.update([record.status]),
                 should_stop=lambda: counts["ok"] >= trained,

@@ -7,13 +7,20 @@ search strategies do not pull in torch: only what builds modules needs it.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from einspace._source_layout import install_if_source_checkout
+
+# Imported from a source checkout (the repository root on sys.path shadows an installed einspace),
+# einspace.search, .evaluators and .grammars are served from the top-level folders: see _source_layout.
+install_if_source_checkout(Path(__file__).parent)
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "CheckedTree": "einspace.checker",
+    "TreeStats": "einspace.checker",
     "check_tree": "einspace.checker",
-    "statistics": "einspace.checker",
     "Network": "einspace.compiler",
     "compile_backbone": "einspace.compiler",
     "compile_network": "einspace.compiler",
@@ -54,6 +61,7 @@ __all__ = [
     "SAMPLING_MODES",
     "Sampler",
     "TreeError",
+    "TreeStats",
     "Variation",
     "check_tree",
     "compile_backbone",
@@ -70,12 +78,11 @@ __all__ = [
     "pretty",
     "register_op",
     "sample_tree",
-    "statistics",
     "to_text",
 ]
 
 if TYPE_CHECKING:
-    from einspace.checker import CheckedTree, check_tree, statistics
+    from einspace.checker import CheckedTree, TreeStats, check_tree
     from einspace.compiler import Network, compile_backbone, compile_network
     from einspace.errors import EinspaceError, TreeError
     from einspace.exact_sampler import ExactSampler

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 from einspace.errors import EinspaceError, Infeasible, TreeError
 from einspace.grammar.model import (
@@ -24,9 +25,10 @@ from einspace.tree import (
     Path_,
     Repeat,
     Terminal,
+    TreeVisitor,
     describe_path,
     format_terminal,
-    walk,
+    walk_depths,
 )
 
 
@@ -46,6 +48,42 @@ class NodeFacts:
 
 
 @dataclass(frozen=True)
+class TreeStats:
+    """A checked tree's size and cost at a glance, as `einspace show`, the reports and the limits
+    read them. Depth counts non-terminal levels (`einspace.tree.walk_depths`); the branching
+    factor is the mean b of the tree's branching operations (1 when it has none), as in the
+    paper's Table 6."""
+
+    terminals: int
+    nonterminals: int
+    depth: int
+    branching_factor: float
+    params: int
+    flops: int
+    output: str
+
+    @property
+    def nodes(self) -> int:
+        """Terminals and non-terminals: what `max_nodes` bounds."""
+        return self.terminals + self.nonterminals
+
+    def summary(self, sep: str = "  ") -> str:
+        """The one-line form of the reports and pictures: params, FLOPs, depth, terminals, output."""
+        fields = (
+            f"params {self.params:,}",
+            f"FLOPs {self.flops:,}",
+            f"depth {self.depth}",
+            f"terminals {self.terminals}",
+            f"output {self.output}",
+        )
+        return sep.join(fields)
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        """The fields by name, in order (the JSON form of `einspace sample --format json`)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class CheckedTree:
     """A tree that passed the checks, with per-node facts and whole-network totals."""
 
@@ -56,9 +94,29 @@ class CheckedTree:
     params: int
     flops: int
 
+    @cached_property
+    def stats(self) -> TreeStats:
+        """Node counts, depth, branching factor, parameters, FLOPs and output (computed once)."""
+        terminals = nonterminals = deepest = 0
+        factors: list[int] = []
+        for path, node, depth in walk_depths(self.tree):
+            deepest = max(deepest, depth)
+            if node.kind == "nonterminal":
+                nonterminals += 1
+            elif node.kind == "terminal":
+                terminals += 1
+                if get_op(node.op).group is Group.BRANCHING:
+                    factors.append(len(self.facts[path].output))
+        branching = sum(factors) / len(factors) if factors else 1.0
+        return TreeStats(
+            terminals, nonterminals, deepest, branching, self.params, self.flops, describe(self.output)
+        )
 
-class _Checker:
-    """One walk that infers signals through the tree and, given a grammar, matches rules."""
+
+class _Checker(TreeVisitor[tuple[Signal, int, int]]):
+    """One walk that infers signals through the tree and, given a grammar, matches rules: a
+    handler per node kind takes the node, its path, the signal it receives and how many copies
+    the enclosing repeats make of it."""
 
     def __init__(self, root: Node, grammar: Grammar | None):
         self.root = root
@@ -68,37 +126,41 @@ class _Checker:
     def fail(self, path: Path_, message: str) -> TreeError:
         return TreeError(message, describe_path(self.root, path))
 
-    def node(self, node: Node, path: Path_, signal: Signal, copies: int) -> tuple[Signal, int, int]:
-        if isinstance(node, Terminal):
-            out, params, flops = self.terminal(node, path, signal)
-        elif isinstance(node, Nonterminal):
-            if self.grammar is not None:
-                self.match_rule(node, path, signal)
-            out, params, flops = signal, 0, 0
-            for i, child in enumerate(node.children):
-                out, p, f = self.node(child, (*path, i), out, copies)
-                params, flops = params + p, flops + f
-        elif isinstance(node, Parallel):
-            if len(signal) != len(node.children):
-                raise self.fail(path, f"{len(node.children)} parallel branches receive {describe(signal)}")
-            outs: list[FeatureState] = []
-            params = flops = 0
-            for i, (child, branch) in enumerate(zip(node.children, signal, strict=True)):
-                out, p, f = self.node(child, (*path, i), (branch,), copies)
-                outs.extend(out)
-                params, flops = params + p, flops + f
-            out = tuple(outs)
-        else:
-            if len(signal) != node.times or any(s != signal[0] for s in signal):
-                raise self.fail(
-                    path, f"a repeat over {node.times} equal branches receives {describe(signal)}"
-                )
-            inner, p, f = self.node(node.child, (*path, 0), signal[:1], copies * node.times)
-            out, params, flops = inner * node.times, p * node.times, f * node.times
+    def visit(self, node: Node, path: Path_, signal: Signal, copies: int) -> tuple[Signal, int, int]:
+        """The signal out of `node` and its subtree's parameters and FLOPs (once), recorded in facts."""
+        out, params, flops = self.handler(node)(node, path, signal, copies)
         self.facts[path] = NodeFacts(signal, out, params, flops, copies)
         return out, params, flops
 
-    def terminal(self, node: Terminal, path: Path_, signal: Signal) -> tuple[Signal, int, int]:
+    def nonterminal(
+        self, node: Nonterminal, path: Path_, signal: Signal, copies: int
+    ) -> tuple[Signal, int, int]:
+        if self.grammar is not None:
+            self.match_rule(node, path, signal)
+        out, params, flops = signal, 0, 0
+        for i, child in enumerate(node.children):
+            out, p, f = self.visit(child, (*path, i), out, copies)
+            params, flops = params + p, flops + f
+        return out, params, flops
+
+    def parallel(self, node: Parallel, path: Path_, signal: Signal, copies: int) -> tuple[Signal, int, int]:
+        if len(signal) != len(node.children):
+            raise self.fail(path, f"{len(node.children)} parallel branches receive {describe(signal)}")
+        outs: list[FeatureState] = []
+        params = flops = 0
+        for i, (child, branch) in enumerate(zip(node.children, signal, strict=True)):
+            out, p, f = self.visit(child, (*path, i), (branch,), copies)
+            outs.extend(out)
+            params, flops = params + p, flops + f
+        return tuple(outs), params, flops
+
+    def repeat(self, node: Repeat, path: Path_, signal: Signal, copies: int) -> tuple[Signal, int, int]:
+        if len(signal) != node.times or any(s != signal[0] for s in signal):
+            raise self.fail(path, f"a repeat over {node.times} equal branches receives {describe(signal)}")
+        inner, p, f = self.visit(node.child, (*path, 0), signal[:1], copies * node.times)
+        return inner * node.times, p * node.times, f * node.times
+
+    def terminal(self, node: Terminal, path: Path_, signal: Signal, copies: int) -> tuple[Signal, int, int]:
         try:
             op = get_op(node.op)
         except EinspaceError as exc:
@@ -200,40 +262,7 @@ def check_tree(tree: Node, grammar: Grammar | None, input: FeatureState | Signal
     checker = _Checker(tree, grammar)
     if grammar is not None and isinstance(tree, Nonterminal) and tree.symbol != grammar.start:
         raise TreeError(f"the root is {tree.symbol} but the grammar starts at {grammar.start}", tree.symbol)
-    out, params, flops = checker.node(tree, (), signal, 1)
+    out, params, flops = checker.visit(tree, (), signal, 1)
     if len(out) != 1:
         raise TreeError(f"the network ends in {len(out)} branches; it must end in one tensor", "<root>")
     return CheckedTree(tree, signal, out, checker.facts, params, flops)
-
-
-def statistics(checked: CheckedTree) -> dict[str, float | int | str]:
-    """Node counts, depth, mean branching factor, parameters, FLOPs and output of a checked tree.
-
-    Depth counts non-terminal levels (parallel and repeat groupings are transparent), as the
-    paper's derivation trees have no such nodes. The branching factor is the mean b of the
-    tree's branching operations (1 when it has none), as in the paper's Table 6.
-    """
-    terminals = nonterminals = 0
-    factors: list[int] = []
-    level: dict[Path_, int] = {(): 0}
-    deepest = 0
-    for path, node in walk(checked.tree):  # pre-order: a parent's level is known first
-        here = level[path[:-1]] if path else 0
-        if isinstance(node, Nonterminal):
-            nonterminals += 1
-            here += 1
-            deepest = max(deepest, here)
-        elif isinstance(node, Terminal):
-            terminals += 1
-            if get_op(node.op).group is Group.BRANCHING:
-                factors.append(len(checked.facts[path].output))
-        level[path] = here
-    return {
-        "terminals": terminals,
-        "nonterminals": nonterminals,
-        "depth": deepest,
-        "branching_factor": sum(factors) / len(factors) if factors else 1.0,
-        "params": checked.params,
-        "flops": checked.flops,
-        "output": describe(checked.output),
-    }

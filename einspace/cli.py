@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from einspace.bundled import load
-from einspace.checker import CheckedTree, check_tree, statistics
-from einspace.errors import EinspaceError
+from einspace.checker import CheckedTree, check_tree
+from einspace.errors import EinspaceError, SeedFitError
 from einspace.grammar.model import Grammar
 from einspace.ops.registry import get_op, list_ops
 from einspace.plugins import load_plugins
@@ -22,7 +22,7 @@ from einspace.tree import (
     Parallel,
     Repeat,
     Terminal,
-    children,
+    TreeVisitor,
     content_hash,
     dumps_json,
     format_terminal,
@@ -68,11 +68,11 @@ def _limits(args: argparse.Namespace) -> Limits:
 
 
 def _stats_line(checked: CheckedTree) -> str:
-    s = statistics(checked)
+    s = checked.stats
     return (
-        f"terminals {s['terminals']}  non-terminals {s['nonterminals']}  depth {s['depth']}  "
-        f"branching {s['branching_factor']:.2f}  params {s['params']:,}  FLOPs {s['flops']:,}  "
-        f"output {s['output']}"
+        f"terminals {s.terminals}  non-terminals {s.nonterminals}  depth {s.depth}  "
+        f"branching {s.branching_factor:.2f}  params {s.params:,}  FLOPs {s.flops:,}  "
+        f"output {s.output}"
     )
 
 
@@ -157,7 +157,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
         if args.format == "json":
             print(
                 json.dumps(
-                    {"tree": json.loads(dumps_json(tree)), "hash": content_hash(tree), **statistics(checked)}
+                    {
+                        "tree": json.loads(dumps_json(tree)),
+                        "hash": content_hash(tree),
+                        **checked.stats.as_dict(),
+                    }
                 )
             )
         else:
@@ -198,19 +202,11 @@ def _outline(checked: CheckedTree) -> str:
     """One line per node: indentation by depth, the node, the signal it produces, its parameters
     and FLOPs (for the subtree, once; a repeat's line counts all its copies)."""
     rows: list[tuple[str, ...]] = []
+    label = _OutlineLabel()
     for path, node in walk(checked.tree):
         facts = checked.facts[path]
-        pad = "  " * len(path)
-        if isinstance(node, Terminal):
-            label = format_terminal(node)
-        elif isinstance(node, Nonterminal):
-            label = node.symbol
-        elif isinstance(node, Parallel):
-            label = f"[{len(children(node))} parallel branches]"
-        else:
-            assert isinstance(node, Repeat)
-            label = f"[repeat x{node.times}, separate weights]"
-        rows.append((pad + label, describe(facts.output), f"{facts.params:,}", f"{facts.flops:,}"))
+        text = "  " * len(path) + label.visit(node)
+        rows.append((text, describe(facts.output), f"{facts.params:,}", f"{facts.flops:,}"))
     widths = [max(len(r[i]) for r in rows + [_HEADER]) for i in range(4)]
     return "\n".join(
         f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}"
@@ -219,6 +215,22 @@ def _outline(checked: CheckedTree) -> str:
 
 
 _HEADER = ("node", "output", "params", "FLOPs")
+
+
+class _OutlineLabel(TreeVisitor[str]):
+    """How `einspace show` names a node in its outline."""
+
+    def terminal(self, node: Terminal) -> str:
+        return format_terminal(node)
+
+    def nonterminal(self, node: Nonterminal) -> str:
+        return node.symbol
+
+    def parallel(self, node: Parallel) -> str:
+        return f"[{len(node.children)} parallel branches]"
+
+    def repeat(self, node: Repeat) -> str:
+        return f"[repeat x{node.times}, separate weights]"
 
 
 def cmd_seeds(args: argparse.Namespace) -> int:
@@ -234,7 +246,7 @@ def cmd_seeds(args: argparse.Namespace) -> int:
         try:
             checked = check_tree(load_seed(name, grammar, state), grammar, state)
         except EinspaceError as exc:
-            reason = str(exc).split(f" does not fit input {state}: ", 1)[-1]
+            reason = exc.reason if isinstance(exc, SeedFitError) else str(exc)
             print(f"{name:<{width}}  does not fit: {reason}  ({seed_description(name).rstrip('.')})")
             continue
         output = describe(checked.output)

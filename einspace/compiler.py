@@ -12,7 +12,7 @@ from einspace.grammar.model import Grammar
 from einspace.lowering import lower as lower_modules
 from einspace.ops.registry import get_op
 from einspace.state import FeatureState, Signal
-from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal
+from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal, TreeVisitor
 
 
 class Branches(nn.ModuleList):
@@ -54,33 +54,35 @@ class Network(nn.Module):
         return self.head(self.backbone(x))
 
 
-class _Compiler:
-    """Builds modules node by node; nested sequences are flattened into one nn.Sequential."""
+class _Compiler(TreeVisitor[list[nn.Module]]):
+    """Builds modules node by node, one handler per node kind returning the node's modules in
+    order; nested sequences are flattened into one nn.Sequential."""
 
     def __init__(self, checked: CheckedTree):
         self.facts = checked.facts
 
     def sequence(self, node: Node, path: Path_) -> nn.Module:
-        modules = self.modules(node, path)
+        modules = self.visit(node, path)
         if not modules:
             return nn.Identity()
         return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
 
-    def modules(self, node: Node, path: Path_) -> list[nn.Module]:
-        if isinstance(node, Terminal):
-            module = get_op(node.op).build(self.facts[path].input, dict(node.args))
-            return [] if isinstance(module, nn.Identity) else [module]
-        if isinstance(node, Nonterminal):
-            out: list[nn.Module] = []
-            for i, child in enumerate(node.children):
-                out.extend(self.modules(child, (*path, i)))
-            return out
-        if isinstance(node, Parallel):
-            return [Branches(self.sequence(c, (*path, i)) for i, c in enumerate(node.children))]
-        if isinstance(node, Repeat):
-            # Each copy is built anew, so the b branches share structure but not weights.
-            return [Branches(self.sequence(node.child, (*path, 0)) for _ in range(node.times))]
-        raise EinspaceError(f"not a tree node: {node!r}")
+    def terminal(self, node: Terminal, path: Path_) -> list[nn.Module]:
+        module = get_op(node.op).build(self.facts[path].input, dict(node.args))
+        return [] if isinstance(module, nn.Identity) else [module]
+
+    def nonterminal(self, node: Nonterminal, path: Path_) -> list[nn.Module]:
+        out: list[nn.Module] = []
+        for i, child in enumerate(node.children):
+            out.extend(self.visit(child, (*path, i)))
+        return out
+
+    def parallel(self, node: Parallel, path: Path_) -> list[nn.Module]:
+        return [Branches(self.sequence(c, (*path, i)) for i, c in enumerate(node.children))]
+
+    def repeat(self, node: Repeat, path: Path_) -> list[nn.Module]:
+        # Each copy is built anew, so the b branches share structure but not weights.
+        return [Branches(self.sequence(node.child, (*path, 0)) for _ in range(node.times))]
 
 
 def compile_backbone(

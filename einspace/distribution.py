@@ -48,20 +48,17 @@ def features(checked: CheckedTree) -> TreeFeatures:
     tree = checked.tree
     branching: Counter[int] = Counter()
     operations: Counter[str] = Counter()
-    nodes = 0
     skip = convolution = False
     for path, node in walk(tree):
         if isinstance(node, Terminal):
-            nodes += 1
             operations[node.op] += 1
             if get_op(node.op).group is Group.BRANCHING:
                 branching[len(checked.facts[path].output)] += 1
         elif isinstance(node, Nonterminal):
-            nodes += 1
             skip = skip or _is_skip(node)
             convolution = convolution or _is_convolution(node)
     root = " ".join(_label(kid) for kid in tree.children) if isinstance(tree, Nonterminal) else _label(tree)
-    return TreeFeatures(root, branching, operations, nodes, skip, convolution)
+    return TreeFeatures(root, branching, operations, checked.stats.nodes, skip, convolution)
 
 
 def _label(node: Node) -> str:

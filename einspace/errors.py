@@ -70,7 +70,11 @@ class Infeasible(EinspaceError):
     """An operation cannot apply to the given feature state; `reason` says why."""
 
 
-class UnknownOperationError(EinspaceError):
+class UnknownNameError(EinspaceError):
+    """A name no registry entry has: an operation, strategy or evaluator (close matches in the message)."""
+
+
+class UnknownOperationError(UnknownNameError):
     """An operation name that is not registered (with close matches in the message)."""
 
 
@@ -80,3 +84,11 @@ class SamplingError(EinspaceError):
 
 class VariationError(EinspaceError):
     """Mutation or crossover found nothing valid to do."""
+
+
+class SeedFitError(EinspaceError):
+    """A seed tree that does not fit an input: `seed` names it, `reason` says where and why."""
+
+    def __init__(self, seed: str, input: str, reason: str, about: str = ""):
+        self.seed, self.input, self.reason = seed, input, reason
+        super().__init__(f"seed {seed!r}{about} does not fit input {input}: {reason}")

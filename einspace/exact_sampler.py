@@ -30,9 +30,9 @@ from einspace.errors import Infeasible, SamplingError
 from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, SymbolItem
 from einspace.inside import AbstractSignal, InsideTables, abstract_of, inside_tables
 from einspace.ops.registry import Args, get_op
-from einspace.sampler import Limits, SamplerBase, cyclic_gc_paused, tree_depth
+from einspace.sampler import Limits, SamplerBase, cyclic_gc_paused
 from einspace.state import RANK_OF_MODE, FeatureState, Signal, describe
-from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal
+from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, tree_depth
 
 __all__ = ["DRAFTS_PER_ATTEMPT", "ExactSampler"]
 

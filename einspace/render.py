@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from einspace.ops.registry import Group, get_op, has_op
-from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, format_terminal, walk
+from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, TreeVisitor, format_terminal, walk
 
 #: Fill colours of the paper's visualisations (Sec. 3.1): branching yellow, aggregation purple,
 #: routing green, computation blue; non-terminals grey.
@@ -20,10 +20,11 @@ def to_dot(tree: Node, name: str = "derivation") -> str:
     """The tree as a Graphviz digraph (render with `dot -Tpng tree.dot -o tree.png`)."""
     lines = [f'digraph "{name}" {{', "  node [style=filled, fontname=Helvetica, fontsize=10];"]
     ids: dict[tuple[int, ...], str] = {}
+    look = _Look()
     for path, node in walk(tree):
         ident = "n" + "_".join(map(str, path)) if path else "root"
         ids[path] = ident
-        label, shape, colour = _look(node)
+        label, shape, colour = look.visit(node)
         lines.append(f'  {ident} [label="{label}", shape={shape}, fillcolor="{colour}"];')
         if path:
             lines.append(f"  {ids[path[:-1]]} -> {ident};")
@@ -31,13 +32,18 @@ def to_dot(tree: Node, name: str = "derivation") -> str:
     return "\n".join(lines)
 
 
-def _look(node: Node) -> tuple[str, str, str]:
-    if isinstance(node, Terminal):
+class _Look(TreeVisitor[tuple[str, str, str]]):
+    """A node's DOT label, shape and fill colour."""
+
+    def terminal(self, node: Terminal) -> tuple[str, str, str]:
         group = get_op(node.op).group if has_op(node.op) else None
         return format_terminal(node).replace('"', "'"), "box", GROUP_COLOURS.get(group, "white")
-    if isinstance(node, Nonterminal):
+
+    def nonterminal(self, node: Nonterminal) -> tuple[str, str, str]:
         return node.symbol, "ellipse", NONTERMINAL_COLOUR
-    if isinstance(node, Parallel):
+
+    def parallel(self, node: Parallel) -> tuple[str, str, str]:
         return f"{len(node.children)} branches", "diamond", "white"
-    assert isinstance(node, Repeat)
-    return f"x{node.times} (separate weights)", "diamond", "white"
+
+    def repeat(self, node: Repeat) -> tuple[str, str, str]:
+        return f"x{node.times} (separate weights)", "diamond", "white"

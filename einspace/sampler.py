@@ -29,7 +29,7 @@ from einspace.errors import EinspaceError, Infeasible, SamplingError
 from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, RepeatItem, SymbolItem
 from einspace.ops.registry import get_op
 from einspace.state import FeatureState, Signal, describe
-from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal
+from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, tree_depth
 
 _INF = float("inf")
 
@@ -383,23 +383,6 @@ def _minimum_sizes(grammar: Grammar) -> tuple[dict[str, float], dict[str, float]
                 if h < height[rule.symbol]:
                     height[rule.symbol], changed = h, True
     return nodes, height
-
-
-def tree_depth(root: Node) -> int:
-    """Non-terminal levels of a tree (parallel and repeat groupings are transparent)."""
-    deepest = 0
-    stack: list[tuple[Node, int]] = [(root, 0)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, Nonterminal):
-            level += 1
-            deepest = max(deepest, level)
-            stack.extend((c, level) for c in node.children)
-        elif isinstance(node, Parallel):
-            stack.extend((c, level) for c in node.children)
-        elif isinstance(node, Repeat):
-            stack.append((node.child, level))
-    return deepest
 
 
 def sample_tree(

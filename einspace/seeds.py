@@ -11,7 +11,7 @@ from pathlib import Path
 
 from einspace.bundled import bundled_files, resolve
 from einspace.checker import check_tree
-from einspace.errors import EinspaceError, TreeError
+from einspace.errors import SeedFitError, TreeError
 from einspace.grammar.model import Grammar
 from einspace.state import FeatureState, Signal, describe
 from einspace.tree import Node, load_tree, read_text_file
@@ -50,7 +50,7 @@ def load_seed(name_or_path: str | Path, grammar: Grammar | str | None, input: Fe
     """A seed tree, checked against `grammar` (a Grammar, a bundled grammar name, or None for
     shapes only) for `input`.
 
-    Raises EinspaceError naming the seed, the input and the node that does not fit, e.g. a
+    Raises SeedFitError naming the seed, the input and the node that does not fit, e.g. a
     patch larger than the image, or a token count the seed was not built for.
     """
     path = seed_path(name_or_path)
@@ -66,5 +66,5 @@ def load_seed(name_or_path: str | Path, grammar: Grammar | str | None, input: Fe
         name = path.stem if Path(name_or_path) != path else str(path)
         about = seed_description(path)
         about = f" ({about.rstrip('.')})" if about else ""
-        raise EinspaceError(f"seed {name!r}{about} does not fit input {describe(signal)}: {exc}") from None
+        raise SeedFitError(name, describe(signal), str(exc), about) from None
     return tree

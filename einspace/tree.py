@@ -1,15 +1,21 @@
-"""Derivation trees: immutable nodes, bracket text and JSON forms, content hash, traversal."""
+"""Derivation trees: immutable nodes, bracket text and JSON forms, content hash, traversal.
+
+`walk` and `walk_depths` iterate, but most tree code recurses, a call or more per level (the
+visitors, parsing, the JSON form, `pretty`, `replace_at`), so trees are bounded by Python's
+recursion limit: `parse_tree` refuses deeper text with a clear error, and the default sampling
+limit (depth 40) stays far below it.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from lark import Lark, Transformer, UnexpectedInput, v_args
 
@@ -20,31 +26,57 @@ from einspace.errors import EinspaceError, Location, TreeSyntaxError
 class Terminal:
     """A terminal operation with its arguments, e.g. `linear(d=64)`."""
 
+    kind: ClassVar[str] = "terminal"
+    children: ClassVar[tuple[Node, ...]] = ()
+
     op: str
     args: tuple[tuple[str, Any], ...] = ()
+
+    def with_children(self, new: tuple[Node, ...]) -> Node:
+        raise EinspaceError("a terminal has no children")
 
 
 @dataclass(frozen=True, slots=True)
 class Nonterminal:
     """An expanded symbol; its children are applied in sequence."""
 
+    kind: ClassVar[str] = "nonterminal"
+
     symbol: str
     children: tuple[Node, ...]
+
+    def with_children(self, new: tuple[Node, ...]) -> Node:
+        """A copy with other children (the same symbol)."""
+        return Nonterminal(self.symbol, new)
 
 
 @dataclass(frozen=True, slots=True)
 class Parallel:
     """One child per incoming branch: child i transforms branch i (the grammar's `(X, Y)`)."""
 
+    kind: ClassVar[str] = "parallel"
+
     children: tuple[Node, ...]
+
+    def with_children(self, new: tuple[Node, ...]) -> Node:
+        return Parallel(new)
 
 
 @dataclass(frozen=True, slots=True)
 class Repeat:
     """One derivation applied to each of `times` branches, each copy with its own weights."""
 
+    kind: ClassVar[str] = "repeat"
+
     child: Node
     times: int
+
+    @property
+    def children(self) -> tuple[Node, ...]:
+        return (self.child,)
+
+    def with_children(self, new: tuple[Node, ...]) -> Node:
+        return Repeat(new[0], self.times)
 
 
 Node = Terminal | Nonterminal | Parallel | Repeat
@@ -52,42 +84,60 @@ Node = Terminal | Nonterminal | Parallel | Repeat
 #: A node's address: the child indices from the root (Repeat's child is index 0).
 Path_ = tuple[int, ...]
 
-
-def children(node: Node) -> tuple[Node, ...]:
-    """The direct children of any node."""
-    if isinstance(node, (Nonterminal, Parallel)):
-        return node.children
-    if isinstance(node, Repeat):
-        return (node.child,)
-    return ()
+R = TypeVar("R")
 
 
-def with_children(node: Node, new: tuple[Node, ...]) -> Node:
-    """A copy of `node` with other children (same kind and label)."""
-    if isinstance(node, Nonterminal):
-        return Nonterminal(node.symbol, new)
-    if isinstance(node, Parallel):
-        return Parallel(new)
-    if isinstance(node, Repeat):
-        return Repeat(new[0], node.times)
-    raise EinspaceError("a terminal has no children")
+class TreeVisitor(Generic[R]):
+    """Handlers per node kind, called by name as in lark's visitors.
+
+    `visit(node, *args)` calls the subclass's `terminal`, `nonterminal`, `parallel` or `repeat`
+    method (the node's `kind`) with the same arguments, or `default` for a kind it does not
+    handle. Handlers recurse by visiting children; a walk that must survive any depth iterates
+    `walk` and visits each node instead.
+    """
+
+    def visit(self, node: Node, *args: Any) -> R:
+        return self.handler(node)(node, *args)
+
+    def handler(self, node: Node) -> Callable[..., R]:
+        """The method for `node`'s kind; a visitor that wraps every call (to record what it
+        found, say) overrides `visit` and calls this, keeping one frame per level."""
+        return getattr(self, node.kind, self.default)
+
+    def default(self, node: Node, *args: Any) -> R:
+        raise EinspaceError(f"{type(self).__name__} has no handler for a {node.kind} node")
 
 
 def walk(root: Node) -> Iterator[tuple[Path_, Node]]:
     """Pre-order traversal yielding (path, node), without recursion (trees can be deep)."""
-    stack: list[tuple[Path_, Node]] = [((), root)]
-    while stack:
-        path, node = stack.pop()
+    for path, node, _ in walk_depths(root):
         yield path, node
-        kids = children(node)
+
+
+def walk_depths(root: Node) -> Iterator[tuple[Path_, Node, int]]:
+    """Pre-order (path, node, depth), without recursion. The one depth rule of limits and
+    statistics: a node's depth is the number of non-terminals from the root down to it, itself
+    included (parallel and repeat groupings add none: the paper's derivation trees have no
+    such nodes)."""
+    stack: list[tuple[Path_, Node, int]] = [((), root, 0)]
+    while stack:
+        path, node, above = stack.pop()
+        depth = above + (node.kind == "nonterminal")
+        yield path, node, depth
+        kids = node.children
         for i in range(len(kids) - 1, -1, -1):
-            stack.append(((*path, i), kids[i]))
+            stack.append(((*path, i), kids[i], depth))
+
+
+def tree_depth(root: Node) -> int:
+    """Non-terminal levels of a tree: the deepest depth of `walk_depths`."""
+    return max((depth for _, _, depth in walk_depths(root)), default=0)
 
 
 def node_at(root: Node, path: Path_) -> Node:
     node = root
     for i in path:
-        node = children(node)[i]
+        node = node.children[i]
     return node
 
 
@@ -95,29 +145,38 @@ def replace_at(root: Node, path: Path_, new: Node) -> Node:
     """A new tree with the node at `path` replaced; untouched subtrees are shared."""
     if not path:
         return new
-    kids = list(children(root))
+    kids = list(root.children)
     kids[path[0]] = replace_at(kids[path[0]], path[1:], new)
-    return with_children(root, tuple(kids))
+    return root.with_children(tuple(kids))
 
 
 def describe_path(root: Node, path: Path_) -> str:
     """A readable address such as `S > M#1 > Branches#1 > [0] > M`, for error messages."""
-    parts = [_label(root)]
+    parts = [_LABEL.visit(root)]
     node = root
     for i in path:
-        node = children(node)[i]
-        parts.append(f"{_label(node)}#{i}")
+        node = node.children[i]
+        parts.append(f"{_LABEL.visit(node)}#{i}")
     return " > ".join(parts)
 
 
-def _label(node: Node) -> str:
-    if isinstance(node, Nonterminal):
-        return node.symbol
-    if isinstance(node, Terminal):
+class _Label(TreeVisitor[str]):
+    """A node's name in a path: its symbol or operation, or what kind of grouping it is."""
+
+    def terminal(self, node: Terminal) -> str:
         return node.op
-    if isinstance(node, Parallel):
+
+    def nonterminal(self, node: Nonterminal) -> str:
+        return node.symbol
+
+    def parallel(self, node: Parallel) -> str:
         return "[parallel]"
-    return f"*{node.times}"
+
+    def repeat(self, node: Repeat) -> str:
+        return f"*{node.times}"
+
+
+_LABEL = _Label()
 
 
 # ----------------------------------------------------------------------------- text form
@@ -139,55 +198,84 @@ def format_terminal(node: Terminal) -> str:
 
 def to_text(root: Node) -> str:
     """The canonical one-line bracket form; `parse_tree(to_text(t)) == t`."""
-    out: list[str] = []
-    # An explicit stack of pending strings and nodes keeps deep trees off the call stack.
-    stack: list[Node | str] = [root]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, Terminal):
-            out.append(format_terminal(item))
-        elif isinstance(item, Nonterminal):
-            stack.append(")")
-            for child in reversed(item.children):
-                stack.append(child)
-                stack.append(" ")
-            out.append(f"({item.symbol}")
-        elif isinstance(item, Parallel):
-            stack.append("]")
-            for i in range(len(item.children) - 1, -1, -1):
-                stack.append(item.children[i])
-                if i:
-                    stack.append(" ")
-            out.append("[")
-        else:
-            stack.append(f"*{item.times}")
-            stack.append(item.child)
-    return "".join(out)
+    return _Text().write(root)
+
+
+class _Text(TreeVisitor[None]):
+    """Writes the bracket form from an explicit stack of pending strings and nodes (deep trees
+    stay off the call stack): each handler writes a node's opening and pushes the rest."""
+
+    def __init__(self) -> None:
+        self.out: list[str] = []
+        self.pending: list[Node | str] = []
+
+    def write(self, root: Node) -> str:
+        self.pending.append(root)
+        while self.pending:
+            item = self.pending.pop()
+            if isinstance(item, str):
+                self.out.append(item)
+            else:
+                self.visit(item)
+        return "".join(self.out)
+
+    def terminal(self, node: Terminal) -> None:
+        self.out.append(format_terminal(node))
+
+    def nonterminal(self, node: Nonterminal) -> None:
+        self.out.append(f"({node.symbol}")
+        self.pending.append(")")
+        for child in reversed(node.children):
+            self.pending += (child, " ")
+
+    def parallel(self, node: Parallel) -> None:
+        self.out.append("[")
+        self.pending.append("]")
+        for i in range(len(node.children) - 1, -1, -1):
+            self.pending.append(node.children[i])
+            if i:
+                self.pending.append(" ")
+
+    def repeat(self, node: Repeat) -> None:
+        self.pending += (f"*{node.times}", node.child)
 
 
 def pretty(root: Node, indent: str = "  ", width: int = 88) -> str:
     """Multi-line form: subtrees that fit in `width` stay on one line; parses back like `to_text`."""
-    lines: list[str] = []
+    printer = _Pretty(indent, width)
+    printer.visit(root, 0, "")
+    return "\n".join(printer.lines)
 
-    def emit(node: Node, depth: int, suffix: str = "") -> None:
-        pad = indent * depth
-        if isinstance(node, Terminal):
-            lines.append(pad + format_terminal(node) + suffix)
-        elif isinstance(node, Repeat):
-            emit(node.child, depth, f"*{node.times}{suffix}")
-        elif len(pad) + len(text := to_text(node)) <= width:
-            lines.append(pad + text + suffix)
-        else:
-            opener, closer = (f"({node.symbol}", ")") if isinstance(node, Nonterminal) else ("[", "]")
-            lines.append(pad + opener)
-            for child in children(node):
-                emit(child, depth + 1)
-            lines[-1] += closer + suffix
 
-    emit(root, 0)
-    return "\n".join(lines)
+class _Pretty(TreeVisitor[None]):
+    """One handler per kind, each given its indentation depth and the text to write after it (the
+    `*b` of the repeats it is the body of)."""
+
+    def __init__(self, indent: str, width: int):
+        self.indent, self.width = indent, width
+        self.lines: list[str] = []
+
+    def terminal(self, node: Terminal, depth: int, suffix: str) -> None:
+        self.lines.append(self.indent * depth + format_terminal(node) + suffix)
+
+    def repeat(self, node: Repeat, depth: int, suffix: str) -> None:
+        self.visit(node.child, depth, f"*{node.times}{suffix}")
+
+    def nonterminal(self, node: Nonterminal, depth: int, suffix: str) -> None:
+        self.group(node, depth, suffix, f"({node.symbol}", ")")
+
+    def parallel(self, node: Parallel, depth: int, suffix: str) -> None:
+        self.group(node, depth, suffix, "[", "]")
+
+    def group(self, node: Node, depth: int, suffix: str, opener: str, closer: str) -> None:
+        pad = self.indent * depth
+        if len(pad) + len(text := to_text(node)) <= self.width:
+            self.lines.append(pad + text + suffix)
+            return
+        self.lines.append(pad + opener)
+        for child in node.children:
+            self.visit(child, depth + 1, "")
+        self.lines[-1] += closer + suffix
 
 
 @v_args(inline=True)
@@ -296,13 +384,26 @@ def load_tree(path: str | Path) -> Node:
 
 def to_json(root: Node) -> Any:
     """A JSON-able nested form: {"symbol", "children"}, {"op", "args"}, {"parallel"}, {"repeat", "times"}."""
-    if isinstance(root, Terminal):
-        return {"op": root.op, "args": {k: _json_value(v) for k, v in root.args}}
-    if isinstance(root, Nonterminal):
-        return {"symbol": root.symbol, "children": [to_json(c) for c in root.children]}
-    if isinstance(root, Parallel):
-        return {"parallel": [to_json(c) for c in root.children]}
-    return {"repeat": to_json(root.child), "times": root.times}
+    return _JSON.visit(root)
+
+
+class _Json(TreeVisitor[Any]):
+    """The nested dictionaries of `to_json`, one handler per kind."""
+
+    def terminal(self, node: Terminal) -> Any:
+        return {"op": node.op, "args": {k: _json_value(v) for k, v in node.args}}
+
+    def nonterminal(self, node: Nonterminal) -> Any:
+        return {"symbol": node.symbol, "children": [self.visit(c) for c in node.children]}
+
+    def parallel(self, node: Parallel) -> Any:
+        return {"parallel": [self.visit(c) for c in node.children]}
+
+    def repeat(self, node: Repeat) -> Any:
+        return {"repeat": self.visit(node.child), "times": node.times}
+
+
+_JSON = _Json()
 
 
 def from_json(data: Any) -> Node:

@@ -4,40 +4,36 @@ from __future__ import annotations
 
 import random
 
-from einspace.checker import CheckedTree, check_tree, statistics
+from einspace.checker import CheckedTree, check_tree
 from einspace.errors import TreeError, VariationError
 from einspace.grammar.model import Grammar
 from einspace.sampler import Limits, Sampler, cyclic_gc_paused
 from einspace.state import FeatureState, Signal
-from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, children, node_at, replace_at, walk
+from einspace.tree import Node, Nonterminal, Path_, node_at, replace_at, walk, walk_depths
 
 
 def limit_violation(checked: CheckedTree, limits: Limits) -> str | None:
     """Which limit a checked tree breaks, if any (mutation and crossover keep trees within them)."""
-    stats = statistics(checked)
-    nodes = int(stats["terminals"]) + int(stats["nonterminals"])
-    if int(stats["depth"]) > limits.max_depth:
-        return f"depth {stats['depth']} > max_depth {limits.max_depth}"
-    if nodes > limits.max_nodes:
-        return f"{nodes} nodes > max_nodes {limits.max_nodes}"
+    stats = checked.stats
+    if stats.depth > limits.max_depth:
+        return f"depth {stats.depth} > max_depth {limits.max_depth}"
+    if stats.nodes > limits.max_nodes:
+        return f"{stats.nodes} nodes > max_nodes {limits.max_nodes}"
     if limits.max_params is not None and checked.params > limits.max_params:
         return f"{checked.params} parameters > max_params {limits.max_params}"
     return None
 
 
-def _levels_and_sizes(tree: Node) -> tuple[dict[Path_, int], dict[Path_, int]]:
-    """Per node: the non-terminal levels above it, and the counted nodes in its subtree."""
-    by_path: dict[Path_, Node] = {}
-    levels: dict[Path_, int] = {}
-    for path, node in walk(tree):  # pre-order: a parent comes before its children
-        by_path[path] = node
-        levels[path] = levels[path[:-1]] + isinstance(by_path[path[:-1]], Nonterminal) if path else 0
+def _depths_and_sizes(tree: Node) -> tuple[dict[Path_, int], dict[Path_, int]]:
+    """Per node: its depth (`walk_depths`), and the nodes in its subtree that `max_nodes` counts
+    (terminals and non-terminals)."""
+    rows = list(walk_depths(tree))
+    depths = {path: depth for path, _, depth in rows}
     sizes: dict[Path_, int] = {}
-    for path in reversed(list(by_path)):
-        node = by_path[path]
-        own = 0 if isinstance(node, (Parallel, Repeat)) else 1
-        sizes[path] = own + sum(sizes[(*path, i)] for i in range(len(children(node))))
-    return levels, sizes
+    for path, node, _ in reversed(rows):  # reversed pre-order: children before their parent
+        own = node.kind in ("terminal", "nonterminal")
+        sizes[path] = own + sum(sizes[(*path, i)] for i in range(len(node.children)))
+    return depths, sizes
 
 
 class Variation:
@@ -78,7 +74,7 @@ class Variation:
 
     def _mutate(self, tree: Node) -> Node:
         checked = check_tree(tree, self.grammar, self.input)
-        levels, sizes = _levels_and_sizes(tree)
+        depths, sizes = _depths_and_sizes(tree)
         total = sizes[()]
         candidates = [path for path, node in walk(tree) if isinstance(node, Nonterminal)]
         limits = self.limits
@@ -93,7 +89,7 @@ class Variation:
             derivations = self.sampler.derivations(
                 old.symbol,
                 facts.input,
-                limits.max_depth - levels[path],
+                limits.max_depth - depths[path] + 1,  # the levels from its own down
                 limits.max_nodes - total + sizes[path],
                 params,
             )

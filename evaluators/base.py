@@ -1,9 +1,10 @@
 """The evaluator contract: plain data in (tree text + settings), a result out, never an exception.
 
 What crosses a process boundary (a Ray task, a subprocess) is a `Task` and a `Result`: JSON-able
-data, never modules or pickled trees. `run_task` is the one entry point executors call; it turns
-every failure (a tree that doesn't check, an evaluator that raises, a NaN fitness) into a failed
-`Result` with its reason, so a search records it and goes on.
+data, never modules or pickled trees. `run_task` is the one entry point executors call; it checks
+the tree once and hands the checked tree to the evaluator, and it turns every failure (a tree that
+doesn't check, an evaluator that raises, a NaN fitness) into a failed `Result` with its reason, so
+a search records it and goes on.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from einspace.errors import EinspaceError
-from einspace.grammar.model import Grammar
+from einspace.registry import Registry
 from einspace.state import FeatureState
+
+if TYPE_CHECKING:
+    from einspace.checker import CheckedTree
 
 #: The fitness of a failed evaluation: worse than any real one (fitness is maximised).
 WORST_FITNESS = -math.inf
@@ -89,49 +93,32 @@ class Evaluator(ABC):
         evaluation would hit stops it at the start with one clear message."""
 
     @abstractmethod
-    def evaluate(
-        self, tree: Any, input: FeatureState, grammar: Grammar, random_seed: int
-    ) -> dict[str, float]: ...
+    def evaluate(self, checked: CheckedTree, random_seed: int) -> dict[str, float]:
+        """Metrics of `checked`, a tree already checked against the task's grammar and input
+        (`checked.input[0]`), so it needs no checking again."""
 
 
-_EVALUATORS: dict[str, type[Evaluator]] = {}
-
-#: Modules whose evaluators register on import. Imported on first look-up, not with this
-#: module, so that code needing only Task and Result (strategies, stores) never imports torch.
-_BUILTIN_MODULES = ("einspace.evaluators.training", "einspace.evaluators.proxies")
-
-
-def _load_builtins() -> None:
-    import importlib
-
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+#: Every evaluator class by name. The built-in ones register as their modules are imported, on
+#: first look-up and not with this module, so that code needing only Task and Result (strategies,
+#: stores) never imports torch.
+EVALUATORS: Registry[type[Evaluator]] = Registry(
+    "evaluator", builtins=("einspace.evaluators.training", "einspace.evaluators.proxies")
+)
 
 
 def register_evaluator(cls: type[Evaluator]) -> type[Evaluator]:
     """Class decorator: make an evaluator available by its `name` (a duplicate is an error)."""
-    if cls.name in _EVALUATORS:
-        raise EinspaceError(f"an evaluator named {cls.name!r} is already registered")
-    _EVALUATORS[cls.name] = cls
-    return cls
+    return EVALUATORS.register(cls)
 
 
 def get_evaluator(name: str, settings: dict[str, Any] | None = None) -> Evaluator:
-    """An evaluator instance by registered name, built from its settings."""
-    if name not in _EVALUATORS:
-        _load_builtins()
-    if name not in _EVALUATORS:
-        known = ", ".join(sorted(_EVALUATORS)) or "none"
-        raise EinspaceError(f"unknown evaluator {name!r} (registered: {known})")
-    try:
-        return _EVALUATORS[name](**(settings or {}))
-    except TypeError as exc:
-        raise EinspaceError(f"bad settings for evaluator {name!r}: {exc}") from None
+    """An evaluator instance by registered name, built from its settings; an unknown name or
+    setting is an error naming it."""
+    return EVALUATORS.create(name, settings)
 
 
 def list_evaluators() -> list[str]:
-    _load_builtins()
-    return sorted(_EVALUATORS)
+    return EVALUATORS.names()
 
 
 def run_task(task: Task) -> Result:
@@ -145,10 +132,9 @@ def run_task(task: Task) -> Result:
     try:
         grammar = load(task.grammar)
         state = input_state(task.input_shape, task.mode)
-        tree = parse_tree(task.tree)
-        check_tree(tree, grammar, state)
+        checked = check_tree(parse_tree(task.tree), grammar, state)
         evaluator = get_evaluator(task.evaluator, task.settings)
-        metrics = evaluator.evaluate(tree, state, grammar, task.random_seed)
+        metrics = evaluator.evaluate(checked, task.random_seed)
         fitness = float(metrics["fitness"])
     except EinspaceError as exc:
         return Result.failure(str(exc), time.perf_counter() - started)

@@ -53,7 +53,7 @@ class Budget:
         for name in ("batch_size", "bytes_per_value"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise EinspaceError(f"budget {name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.classes is not None and self.classes < 1:
+        if self.classes is not None and (not isinstance(self.classes, int) or self.classes < 1):
             raise EinspaceError(f"budget classes must be positive, got {self.classes}")
 
     @property
@@ -62,8 +62,8 @@ class Budget:
 
     @staticmethod
     def from_settings(settings: dict[str, Any]) -> Budget:
-        """The budget keys of a settings mapping (an experiment file's `budget:` section or an
-        evaluator's settings); other keys are ignored."""
+        """The budget keys of a settings mapping (an evaluator's settings, as written under
+        `evaluator: settings:` in an experiment file); other keys are ignored."""
         keys = ("max_params", "max_flops", "max_activation_mb", "batch_size", "bytes_per_value", "classes")
         return Budget(**{k: settings[k] for k in keys if settings.get(k) is not None})
 

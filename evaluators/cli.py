@@ -62,14 +62,13 @@ def _experiment_settings(path: str) -> tuple[str, dict[str, Any]]:
     from einspace.search.config import load_experiment
 
     experiment = load_experiment(path)
-    evaluator = experiment["evaluator"]
-    settings = dict(evaluator["settings"])
-    if evaluator["name"] != "training":
+    settings = dict(experiment.evaluator.settings)
+    if experiment.evaluator.name != "training":
         settings = {k: v for k, v in settings.items() if k == "dataset" and v is not None}
     settings.pop("epochs", None)  # the search's epochs; a final evaluation trains longer
     settings.pop("train_subset", None)
     settings.pop("valid_subset", None)
-    return experiment["grammar"], settings
+    return experiment.grammar, settings
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

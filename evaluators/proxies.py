@@ -25,15 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from einspace.checker import check_tree
+from einspace.checker import CheckedTree
 from einspace.evaluators._runtime import out_of_memory
 from einspace.evaluators._settings import require, settings_from
 from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evaluator
 from einspace.evaluators.budgets import Budget, budget_violation
 from einspace.evaluators.datasets import load_dataset
 from einspace.evaluators.objectives import Classification, Objective, objective_for
-from einspace.grammar.model import Grammar
-from einspace.state import FeatureState
 
 __all__ = ["ProxySettings", "grad_norm_score", "naswot_score", "synflow_score"]
 
@@ -106,7 +104,11 @@ class ProxySettings:
 
     def __post_init__(self) -> None:
         require(isinstance(self.batch_size, int) and self.batch_size >= 2, "setting batch_size must be >= 2")
-        require(self.classes is None or self.classes >= 1, "setting classes must be positive")
+        classes = self.classes
+        require(
+            classes is None or isinstance(classes, int) and not isinstance(classes, bool) and classes >= 1,
+            "setting classes must be positive",
+        )
 
 
 class _ProxyEvaluator(Evaluator):
@@ -119,10 +121,9 @@ class _ProxyEvaluator(Evaluator):
         if self.needs_data and self.settings.dataset is None:
             raise EvaluationFailed(f"the {self.name} proxy needs a dataset")
 
-    def evaluate(
-        self, tree: Any, input: FeatureState, grammar: Grammar, random_seed: int
-    ) -> dict[str, float]:
+    def evaluate(self, checked: CheckedTree, random_seed: int) -> dict[str, float]:
         s = self.settings
+        input = checked.input[0]
         dataset = load_dataset(s.dataset) if s.dataset is not None else None
         if dataset is not None and dataset.input_shape != tuple(input.shape):
             raise EvaluationFailed(f"the task's input {input} does not match dataset {dataset.name!r}")
@@ -130,7 +131,6 @@ class _ProxyEvaluator(Evaluator):
             self.objective: Objective = Classification(s.classes or 10)
         else:
             self.objective = objective_for(dataset, None)
-        checked = check_tree(tree, grammar, input)
         classes = self.objective.budget_classes
         budget = Budget(s.max_params, s.max_flops, s.max_activation_mb, s.batch_size, classes=classes)
         reason = budget_violation(checked, budget)

@@ -87,6 +87,11 @@ class TrainingSettings:
     step_mode: str = "eager"  # eager | cuda_graphs | compile | compile_cuda_graphs (evaluators._runtime)
 
     def __post_init__(self) -> None:
+        require(
+            isinstance(self.milestones, (list, tuple))
+            and all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in self.milestones),
+            f"setting milestones must be a list of fractions in (0, 1), got {self.milestones!r}",
+        )
         object.__setattr__(self, "milestones", tuple(float(m) for m in self.milestones))
         for name in ("epochs", "batch_size", "eval_batch_size"):
             value = getattr(self, name)
@@ -117,7 +122,8 @@ class TrainingSettings:
         )
         for name in ("train_subset", "valid_subset", "max_seconds", "threads"):
             value = getattr(self, name)
-            require(value is None or value > 0, f"setting {name} must be positive or null")
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            require(value is None or number and value > 0, f"setting {name} must be positive or null")
         Budget.from_settings(self.budget_settings())  # validates the budget numbers
         require(isinstance(self.param_groups, dict), "setting param_groups must be a mapping")
         require(isinstance(self.auxiliary_losses, dict), "setting auxiliary_losses must be a mapping")
@@ -344,13 +350,10 @@ class TrainingEvaluator(Evaluator):
             raise EinspaceError(str(exc)) from None
         objective_for(dataset, self.settings.metric, self.settings)
 
-    def evaluate(
-        self, tree: Any, input: FeatureState, grammar: Grammar, random_seed: int
-    ) -> dict[str, float]:
+    def evaluate(self, checked: CheckedTree, random_seed: int) -> dict[str, float]:
         s = self.settings
         dataset = load_dataset(s.dataset)
-        _check_input(dataset, input)
-        checked = check_tree(tree, grammar, input)
+        _check_input(dataset, checked.input[0])
         objective = objective_for(dataset, s.metric, s)
         _check_budget(checked, s, objective.budget_classes)
         train = _subset(dataset.train_x, dataset.train_y, s.train_subset)

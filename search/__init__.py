@@ -1,13 +1,13 @@
 """Search strategies, executors, the run loop and the results store (import as einspace.search).
 
 Strategies (ask/tell, JSON state) never see torch, Ray or the store; executors never know the
-strategy; `run_search` is the one place the three meet, and an experiment file (`load_experiment`)
-says which of each to use. `einspace search` / `einspace report` are in `cli.py`.
+strategy; a `SearchRun` (its run loop) is the one place the three meet, and an experiment file
+(`load_experiment`) says which of each to use. `einspace search` / `einspace report` are in `cli.py`.
 """
 
 from einspace.search.config import ConfigError, Experiment, load_experiment, parse_experiment
 from einspace.search.executors import Executor, Finished, InProcessExecutor, RayExecutor, load_plugins
-from einspace.search.loop import RunSummary, open_store, run_search
+from einspace.search.loop import RunSummary, SearchRun, open_store, run_search
 from einspace.search.store import Record, SQLiteStore, Store, StoreError
 from einspace.search.strategy import (
     Candidate,
@@ -29,6 +29,7 @@ __all__ = [
     "Record",
     "RunSummary",
     "SQLiteStore",
+    "SearchRun",
     "SearchSpace",
     "Store",
     "StoreError",

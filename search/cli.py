@@ -6,10 +6,15 @@ import argparse
 import signal
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from einspace.search.store import Record
 from einspace.search.strategy import Strategy
+
+if TYPE_CHECKING:
+    from einspace.search.config import Experiment
+    from einspace.search.loop import RunSummary, SearchRun
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -90,98 +95,112 @@ class _Progress:
             print(file=sys.stderr)
 
 
-def cmd_search(args: argparse.Namespace) -> int:
-    from pathlib import Path
+class _StopOnSignal:
+    """While installed, SIGINT and SIGTERM ask the search to stop (it cancels what is in flight);
+    a second one stops at once. Called, it says whether a stop was asked for."""
 
-    from einspace.search.config import Experiment, load_experiment
-    from einspace.search.loop import open_store, run_search
-    from einspace.search.report import final_summary, succeeded
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
 
-    experiment = load_experiment(args.experiment)
-    changes: dict[str, Any] = {"run_dir": args.run_dir} if args.run_dir else {}
-    if args.evaluations is not None:
-        strategy = experiment["strategy"]
-        settings = {**strategy["settings"], "evaluations": args.evaluations}
-        changes["strategy"] = {**strategy, "settings": settings}
-    if args.plugin:  # the workers load them too
-        given = [str(Path(p).resolve()) if p.endswith(".py") else p for p in args.plugin]
-        changes["plugins"] = [*experiment["plugins"], *(p for p in given if p not in experiment["plugins"])]
-    if changes:
-        experiment = Experiment({**experiment.data, **changes}, experiment.source)
-    experiment.check_evaluator()
-    run_dir = Path(experiment.run_dir)
-    store = open_store(experiment, run_dir)
-    strategy = experiment.strategy()
-    history = store.history()
-    if len(history) >= strategy.evaluations:
-        store.close()
-        if not args.quiet:
-            print(f"{run_dir} is complete ({len(history)} evaluations)", file=sys.stderr)
-            print(final_summary(run_dir))
-        return 0 if succeeded(history) else 1
-    done = len(history)
-    progress = _Progress(strategy.evaluations, done, args.quiet)
-    if not args.quiet:
-        verb = "resuming" if done else "starting"
-        print(
-            f"{verb} {experiment['name']} in {run_dir} ({done} of {strategy.evaluations} done)",
-            file=sys.stderr,
-        )
-    stop = {"requested": False}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if stop["requested"]:  # a second Ctrl-C: stop now (the store is consistent after every write)
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C: stop now (the store is consistent after every write)
             raise KeyboardInterrupt
-        stop["requested"] = True
+        self.requested = True
         print(
             "\nstopping: cancelling evaluations in flight (rerun to resume; Ctrl-C again to force)",
             file=sys.stderr,
             flush=True,
         )
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    executor = None
-    try:
-        executor = experiment.executor(args.ray_address)
-        summary = run_search(
-            experiment, executor, store, strategy, on_result=progress, should_stop=lambda: stop["requested"]
-        )
-    except KeyboardInterrupt:
-        summary = None
-    finally:
-        progress.close()
-        for s, handler in previous.items():
+    def __call__(self) -> bool:
+        return self.requested
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
             signal.signal(s, handler)
-        if executor is not None:
-            executor.shutdown()
-        store.close()
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from einspace.search.config import load_experiment
+    from einspace.search.loop import SearchRun
+    from einspace.search.report import final_summary, succeeded
+
+    experiment = _with_options(load_experiment(args.experiment), args)
+    experiment.check_evaluator()
+    with SearchRun.start(experiment) as run:
+        history, budget = run.store.history(), run.strategy.evaluations
+        done = len(history)
+        if done < budget:
+            if not args.quiet:
+                verb = "resuming" if done else "starting"
+                where = f"{experiment.name} in {run.directory} ({done} of {budget} done)"
+                print(f"{verb} {where}", file=sys.stderr)
+            summary = _search(run, experiment, args.ray_address, _Progress(budget, done, args.quiet))
+            history = run.store.history()
+    if done >= budget:
+        if not args.quiet:
+            print(f"{run.directory} is complete ({done} evaluations)", file=sys.stderr)
+            print(final_summary(run.directory))
+        return 0 if succeeded(history) else 1
     if summary is None or not summary.finished:
         print(f"stopped; run `einspace search {args.experiment}` again to resume", file=sys.stderr)
         return 130
     if not args.quiet:
-        per = 1000 * summary.driver_seconds / max(1, summary.evaluated + summary.cached + summary.replayed)
+        per = 1000 * summary.driver_seconds / max(1, summary.results)
         print(
             f"done: {summary.evaluated} evaluated, {summary.cached} cached, {summary.failed} failed this "
             f"session; driver overhead {per:.1f} ms per result.",
             file=sys.stderr,
         )
-        print(final_summary(run_dir))
-    if _run_succeeded(run_dir):
-        return 0
-    if args.quiet:
-        print(final_summary(run_dir), file=sys.stderr)
-    return 1
+    return _conclude(run.directory, history, args.quiet)
 
 
-def _run_succeeded(run_dir: Any) -> bool:
-    """Whether any evaluation of the run has a fitness (a search where all failed exits 1)."""
-    from einspace.search.report import open_run, succeeded
+def _with_options(experiment: Experiment, args: argparse.Namespace) -> Experiment:
+    """The experiment with the command line's --run-dir, --evaluations and --plugin applied."""
+    from dataclasses import replace
 
-    store, _ = open_run(run_dir)
+    if args.run_dir:
+        experiment = replace(experiment, run_dir=args.run_dir)
+    if args.evaluations is not None:
+        experiment = replace(experiment, strategy=experiment.strategy.with_evaluations(args.evaluations))
+    if args.plugin:  # the workers load them too
+        given = [str(Path(p).resolve()) if p.endswith(".py") else p for p in args.plugin]
+        plugins = (*experiment.plugins, *(p for p in given if p not in experiment.plugins))
+        experiment = replace(experiment, plugins=plugins)
+    return experiment
+
+
+def _search(
+    run: SearchRun, experiment: Experiment, ray_address: str | None, progress: _Progress
+) -> RunSummary | None:
+    """Search until done or stopped by a signal; None when forced to stop by a second one. The
+    executor is shut down whatever happens."""
+    stop = _StopOnSignal()
+    executor = None
     try:
-        return succeeded(store.history())
+        executor = experiment.make_executor(ray_address)
+        return run.run(executor, on_result=progress, should_stop=stop)
+    except KeyboardInterrupt:
+        return None
     finally:
-        store.close()
+        progress.close()
+        stop.restore()
+        if executor is not None:
+            executor.shutdown()
+
+
+def _conclude(run_dir: Path, history: list[Record], quiet: bool) -> int:
+    """After a search: print the run's summary (when quiet, to stderr and only if it failed); exit
+    status 0 if any evaluation of the run has a fitness, else 1 (a search where all failed)."""
+    from einspace.search.report import final_summary, succeeded
+
+    ok = succeeded(history)
+    if not quiet:
+        print(final_summary(run_dir))
+    elif not ok:
+        print(final_summary(run_dir), file=sys.stderr)
+    return 0 if ok else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -1,17 +1,32 @@
-"""Experiment files (YAML): what to search, how to evaluate, where to run; strict, errors name the key."""
+"""Experiment files (YAML): what to search, how to evaluate, where to run; strict, errors name the key.
+
+A file is checked against `_SPEC` (types and defaults), then against what it names (grammar, seeds,
+plugins, evaluator, strategy), and becomes an `Experiment` of frozen sections read by attribute.
+"""
 
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from einspace.errors import EinspaceError
+from einspace.sampler import Limits
+from einspace.state import FeatureState, input_state
 
-__all__ = ["ConfigError", "Experiment", "load_experiment", "parse_experiment"]
+__all__ = [
+    "ConfigError",
+    "EvaluatorSection",
+    "ExecutorSection",
+    "Experiment",
+    "InputSection",
+    "StrategySection",
+    "load_experiment",
+    "parse_experiment",
+]
 
 _REQUIRED = object()
 _NUMBER = (int, float)
@@ -74,129 +89,208 @@ def _type_name(types: tuple) -> str:
 
 
 def _check(data: Any, spec: dict[str, Any], where: str, source: str) -> dict[str, Any]:
+    """`data` against `spec`: no unknown keys, every value of its types, defaults filled in."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: {where or 'the file'} must be a mapping, got {type(data).__name__}")
     unknown = sorted(set(data) - set(spec))
     if unknown:
         raise ConfigError(f"{source}: unknown key {where + unknown[0]!r} (known: {', '.join(spec)})")
-    out: dict[str, Any] = {}
-    for key, rule in spec.items():
-        path = where + key
-        if isinstance(rule, dict):
-            out[key] = _check(
-                data.get(key, {}) if data.get(key) is not None else {}, rule, path + ".", source
-            )
-            continue
-        types, default = rule
-        if key not in data:
-            if default is _REQUIRED:
-                raise ConfigError(f"{source}: missing key {path!r}")
-            out[key] = copy.deepcopy(default)
-            continue
-        value = data[key]
-        allowed = tuple(type(None) if t is None else t for t in types)
-        if (isinstance(value, bool) and bool not in types) or not isinstance(value, allowed):
-            raise ConfigError(
-                f"{source}: {path} must be {_type_name(types)}, got {type(value).__name__} {value!r}"
-            )
-        out[key] = value
-    return out
+    return {key: _check_key(data, key, rule, where + key, source) for key, rule in spec.items()}
+
+
+def _check_key(data: dict[str, Any], key: str, rule: Any, path: str, source: str) -> Any:
+    if isinstance(rule, dict):  # a section; null is an empty one
+        return _check({} if data.get(key) is None else data[key], rule, path + ".", source)
+    types, default = rule
+    if key not in data:
+        if default is _REQUIRED:
+            raise ConfigError(f"{source}: missing key {path!r}")
+        return copy.deepcopy(default)
+    value = data[key]
+    allowed = tuple(type(None) if t is None else t for t in types)
+    if (isinstance(value, bool) and bool not in types) or not isinstance(value, allowed):
+        got = f"{type(value).__name__} {value!r}"
+        raise ConfigError(f"{source}: {path} must be {_type_name(types)}, got {got}")
+    return value
+
+
+@dataclass(frozen=True)
+class InputSection:
+    """The network input: its shape without the batch, and its mode (None: from the rank)."""
+
+    shape: tuple[int, ...]
+    mode: str | None
+
+    def state(self) -> FeatureState:
+        return input_state(self.shape, self.mode)
+
+
+@dataclass(frozen=True)
+class EvaluatorSection:
+    """A registered evaluator and its settings (its keyword arguments)."""
+
+    name: str
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StrategySection:
+    """A registered strategy and its settings (its keyword arguments, `evaluations` among them)."""
+
+    name: str
+    settings: dict[str, Any]
+
+    def with_evaluations(self, evaluations: int) -> StrategySection:
+        """The same strategy with another budget (extending a search changes only this)."""
+        return replace(self, settings={**self.settings, "evaluations": evaluations})
+
+
+@dataclass(frozen=True)
+class ExecutorSection:
+    """Where evaluations run and with which resources (README, "On a pool of GPUs"); these may
+    change when a run is resumed."""
+
+    kind: str  # ray | in_process
+    max_in_flight: int
+    num_cpus: float
+    num_gpus: float
+    timeout_s: float | None
+    fresh_process: bool | None
+    local_cpus: int | None
+    packing: str  # fixed: num_gpus each; memory: a share from the tree's memory
+    gpu_memory_gb: float | None  # memory packing: the GPUs' size (None: ask one)
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """A checked experiment: `data` holds every key with defaults filled in; `base` is the
-    directory relative paths (grammar, seeds, plugins) were resolved against."""
+    """A checked experiment file with every key filled in (defaults from `_SPEC`); relative paths
+    (grammar, seeds, plugins) are resolved against the file's directory. `source` names the file
+    in messages (it is not part of what the experiment is). `to_dict()` is the file as plain data:
+    the form a run stores and compares."""
 
-    data: dict[str, Any]
-    source: str = "<experiment>"
+    name: str
+    run_dir: str | None
+    random_seed: int
+    grammar: str
+    sampling: str
+    allow_inconsistent: bool
+    input: InputSection
+    limits: Limits
+    evaluator: EvaluatorSection
+    strategy: StrategySection
+    seeds: tuple[str, ...]
+    plugins: tuple[str, ...]
+    executor: ExecutorSection
+    source: str = field(default="<experiment>", compare=False)
 
-    def __getitem__(self, key: str) -> Any:
-        return self.data[key]
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<experiment>") -> Experiment:
+        """An experiment from data `_check` has passed (every key present)."""
+        return cls(
+            name=data["name"],
+            run_dir=data["run_dir"],
+            random_seed=data["random_seed"],
+            grammar=data["grammar"],
+            sampling=data["sampling"],
+            allow_inconsistent=data["allow_inconsistent"],
+            input=InputSection(tuple(data["input"]["shape"]), data["input"]["mode"]),
+            limits=Limits(**data["limits"]),
+            evaluator=EvaluatorSection(**data["evaluator"]),
+            strategy=StrategySection(**data["strategy"]),
+            seeds=tuple(data["seeds"]),
+            plugins=tuple(data["plugins"]),
+            executor=ExecutorSection(**data["executor"]),
+            source=source,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> Experiment:
+        """An experiment as a run stored it (`to_json`); keys added to the format since are
+        filled with their defaults."""
+        return cls.from_dict(_check(json.loads(text), _SPEC, "", source), source)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        del data["source"]
+        return json.loads(json.dumps(data))  # plain JSON types: tuples become lists
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @property
-    def run_dir(self) -> Path:
-        return Path(self.data["run_dir"] or Path("runs") / self.data["name"])
+    def directory(self) -> Path:
+        """The run directory: `run_dir`, or runs/<name>."""
+        return Path(self.run_dir or Path("runs") / self.name)
 
     def identity(self) -> dict[str, Any]:
         """What must not change when a run is resumed: everything but the executor, names and the
         number of evaluations (raising it extends a finished search), plus the *content* of the
         grammar files and plugin files, so that editing one in place counts as a change."""
-        data = {k: v for k, v in self.data.items() if k not in _RESUMABLE_CHANGES}
-        settings = {k: v for k, v in data["strategy"]["settings"].items() if k != "evaluations"}
-        data["strategy"] = {**data["strategy"], "settings": settings}
-        data["grammar_content"] = grammar_digest(self.data["grammar"])
-        data["plugin_content"] = {p: _file_digest(Path(p)) for p in self.data["plugins"] if p.endswith(".py")}
+        data = {k: v for k, v in self.to_dict().items() if k not in _RESUMABLE_CHANGES}
+        data["strategy"]["settings"].pop("evaluations", None)
+        data["grammar_content"] = grammar_digest(self.grammar)
+        data["plugin_content"] = {p: _file_digest(Path(p)) for p in self.plugins if p.endswith(".py")}
         return data
-
-    def to_json(self) -> str:
-        return json.dumps(self.data, sort_keys=True)
 
     def space(self):  # noqa: ANN201 - SearchSpace, imported lazily to keep config import light
         from einspace.bundled import load
-        from einspace.sampler import Limits
         from einspace.search.strategy import SearchSpace
         from einspace.seeds import load_seed
-        from einspace.state import input_state
         from einspace.tree import to_text
 
-        grammar = load(self.data["grammar"])
-        state = input_state(tuple(self.data["input"]["shape"]), self.data["input"]["mode"])
-        limits = Limits(**self.data["limits"])
-        seeds = [(Path(s).stem, to_text(load_seed(s, grammar, state))) for s in self.data["seeds"]]
-        return SearchSpace(grammar, state, limits, seeds, self.data["sampling"])
+        grammar = load(self.grammar)
+        state = self.input.state()
+        seeds = [(Path(s).stem, to_text(load_seed(s, grammar, state))) for s in self.seeds]
+        return SearchSpace(grammar, state, self.limits, seeds, self.sampling)
 
     def check_evaluator(self) -> None:
         """The evaluator's own check of the task (e.g. its dataset against the input), as a
         ConfigError: run once before a search so that a problem every evaluation would hit stops
         it with one message."""
         from einspace.evaluators.base import get_evaluator
-        from einspace.state import input_state
 
-        e, i = self.data["evaluator"], self.data["input"]
         try:
-            get_evaluator(e["name"], e["settings"]).check(input_state(tuple(i["shape"]), i["mode"]))
+            get_evaluator(self.evaluator.name, self.evaluator.settings).check(self.input.state())
         except EinspaceError as exc:
-            raise ConfigError(f"{self.source}: evaluator {e['name']!r}: {exc}") from None
+            raise ConfigError(f"{self.source}: evaluator {self.evaluator.name!r}: {exc}") from None
 
-    def strategy(self, space: Any = None):  # noqa: ANN201 - Strategy
+    def make_strategy(self, space: Any = None):  # noqa: ANN201 - Strategy
         from einspace.search.strategy import get_strategy
 
-        s = self.data["strategy"]
-        return get_strategy(s["name"], space or self.space(), self.data["random_seed"], s["settings"])
+        s = self.strategy
+        return get_strategy(s.name, space or self.space(), self.random_seed, s.settings)
 
     def task(self, tree: str):  # noqa: ANN201 - Task
         from einspace.evaluators.base import Task
 
-        e = self.data["evaluator"]
-        i = self.data["input"]
         return Task(
-            tree,
-            self.data["grammar"],
-            tuple(i["shape"]),
-            e["name"],
-            e["settings"],
-            i["mode"],
-            self.data["random_seed"],
+            tree=tree,
+            grammar=self.grammar,
+            input_shape=self.input.shape,
+            evaluator=self.evaluator.name,
+            settings=self.evaluator.settings,
+            mode=self.input.mode,
+            random_seed=self.random_seed,
         )
 
-    def executor(self, address: str | None = None):  # noqa: ANN201 - Executor
+    def make_executor(self, address: str | None = None):  # noqa: ANN201 - Executor
+        """The executor the `executor` section describes (`address`: a Ray cluster to join)."""
         from einspace.search.executors import InProcessExecutor, RayExecutor
 
-        x = self.data["executor"]
-        if x["kind"] == "in_process":
-            return InProcessExecutor(x["max_in_flight"], self.data["plugins"])
+        x = self.executor
+        if x.kind == "in_process":
+            return InProcessExecutor(x.max_in_flight, self.plugins)
         return RayExecutor(
-            x["max_in_flight"],
-            x["num_cpus"],
-            x["num_gpus"],
-            x["timeout_s"],
-            address,
-            x["fresh_process"],
-            self.data["plugins"],
-            x["local_cpus"],
-            packing=x["packing"],
-            gpu_memory_gb=x["gpu_memory_gb"],
+            max_in_flight=x.max_in_flight,
+            num_cpus=x.num_cpus,
+            num_gpus=x.num_gpus,
+            timeout_s=x.timeout_s,
+            address=address,
+            fresh_process=x.fresh_process,
+            plugins=self.plugins,
+            local_cpus=x.local_cpus,
+            packing=x.packing,
+            gpu_memory_gb=x.gpu_memory_gb,
         )
 
 
@@ -230,28 +324,40 @@ def _resolve(value: str, base: Path) -> str:
 
 def parse_experiment(raw: Any, source: str = "<experiment>", base: Path | None = None) -> Experiment:
     """Check a parsed YAML document and everything it names (grammar, seeds, evaluator, strategy)."""
-    from einspace.evaluators.base import get_evaluator
-    from einspace.grammar.analysis import require_consistent
-    from einspace.search.executors import load_plugins
-
     data = _check(raw, _SPEC, "", source)
-    base = base or Path.cwd()
     data["name"] = data["name"] or (Path(source).stem if source != "<experiment>" else "experiment")
+    _resolve_paths(data, base or Path.cwd(), source)
+    _check_values(data, source)
+    try:
+        experiment = Experiment.from_dict(data, source)
+        _check_references(experiment)
+    except ConfigError:
+        raise
+    except EinspaceError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return experiment
+
+
+def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> None:
+    """The grammar, seeds and plugins, relative paths resolved against `base`."""
     data["grammar"] = _resolve(data["grammar"], base)
     for key in ("seeds", "plugins"):
         for i, item in enumerate(data[key]):
             if not isinstance(item, str):
-                raise ConfigError(
-                    f"{source}: {key}[{i}] must be a string, got {type(item).__name__} {item!r}"
-                )
+                got = f"{type(item).__name__} {item!r}"
+                raise ConfigError(f"{source}: {key}[{i}] must be a string, got {got}")
         data[key] = [_resolve(item, base) for item in data[key]]
-    shape = data["input"]["shape"]
-    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-        raise ConfigError(f"{source}: input.shape must be a list of positive integers, got {shape!r}")
-    if data["input"]["mode"] not in (None, "im", "col"):
-        raise ConfigError(f"{source}: input.mode must be 'im' or 'col', got {data['input']['mode']!r}")
+
+
+def _check_values(data: dict[str, Any], source: str) -> None:
+    """What types alone do not say: the input's shape and mode, the sampling mode, the executor."""
     from einspace.sampling import SAMPLING_MODES
 
+    shape, mode = data["input"]["shape"], data["input"]["mode"]
+    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        raise ConfigError(f"{source}: input.shape must be a list of positive integers, got {shape!r}")
+    if mode not in (None, "im", "col"):
+        raise ConfigError(f"{source}: input.mode must be 'im' or 'col', got {mode!r}")
     if data["sampling"] not in SAMPLING_MODES:
         known = " or ".join(repr(m) for m in SAMPLING_MODES)
         raise ConfigError(f"{source}: sampling must be {known}, got {data['sampling']!r}")
@@ -266,18 +372,19 @@ def parse_experiment(raw: Any, source: str = "<experiment>", base: Path | None =
             f"{source}: executor.packing must be 'fixed' or 'memory' (with num_gpus > 0, the largest "
             f"share), got {x['packing']!r} with num_gpus {x['num_gpus']!r}"
         )
-    experiment = Experiment(data, source)
-    try:
-        load_plugins(data["plugins"])
-        get_evaluator(data["evaluator"]["name"], data["evaluator"]["settings"])
-        space = experiment.space()
-        require_consistent(space.grammar, space.input.mode, data["allow_inconsistent"])
-        experiment.strategy(space)
-    except ConfigError:
-        raise
-    except EinspaceError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    return experiment
+
+
+def _check_references(experiment: Experiment) -> None:
+    """Load what the experiment names: plugins, evaluator, grammar (consistent), seeds, strategy."""
+    from einspace.evaluators.base import get_evaluator
+    from einspace.grammar.analysis import require_consistent
+    from einspace.search.executors import load_plugins
+
+    load_plugins(experiment.plugins)
+    get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
+    space = experiment.space()
+    require_consistent(space.grammar, space.input.mode, experiment.allow_inconsistent)
+    experiment.make_strategy(space)
 
 
 def load_experiment(path: str | Path) -> Experiment:

@@ -181,6 +181,7 @@ class RayExecutor(Executor):
 
     def __init__(
         self,
+        *,
         max_in_flight: int = 1,
         num_cpus: float = 1,
         num_gpus: float = 0,

@@ -12,41 +12,30 @@ import io
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
 
-from einspace.checker import CheckedTree, check_tree, statistics
+from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
+from einspace.search.config import Experiment
+from einspace.search.loop import SearchRun
 from einspace.search.store import Record
 
-__all__ = ["check_text", "console_tree", "diversity", "operation_shares", "write_html_report"]
+__all__ = ["console_tree", "diversity", "operation_shares", "write_html_report"]
 
 
-def check_text(tree: str, config: dict[str, Any]) -> CheckedTree:
-    """A stored tree checked against its run's grammar and input (EinspaceError if it can't be)."""
-    from einspace.bundled import load
-    from einspace.state import input_state
-    from einspace.tree import parse_tree
-
-    try:
-        state = input_state(tuple(config["input"]["shape"]), config["input"].get("mode"))
-        return check_tree(parse_tree(tree), load(config["grammar"]), state)
-    except KeyError as exc:
-        raise EinspaceError(f"the run's config has no {exc} to check its trees with") from None
-
-
-def console_tree(tree: str, config: dict[str, Any], full: bool = False) -> str:
+def console_tree(tree: str, run: SearchRun, full: bool = False) -> str:
     """A record's tree for the console: folded and indented, or (`full`, or when it cannot be
-    checked) its one-line text as stored."""
+    checked against the run's grammar) its one-line text as stored."""
     from einspace.pictures.folding import folded_text
 
     if full:
         return tree
     try:
-        return folded_text(check_text(tree, config))
+        return folded_text(run.check(tree))
     except EinspaceError:
         return tree
 
@@ -62,18 +51,18 @@ class _Evaluated:
     ops: Counter
 
 
-def _evaluated(history: list[Record], config: dict[str, Any]) -> list[_Evaluated]:
+def _evaluated(history: list[Record], run: SearchRun) -> list[_Evaluated]:
     out = []
     for r in history:
         if r.status == "cached":
             continue
         try:
-            checked = check_text(r.tree, config)
+            checked = run.check(r.tree)
         except EinspaceError:
             continue  # a tree the run's grammar no longer accepts has no sizes; it is still counted
-        s = statistics(checked)
+        s = checked.stats
         ops = Counter(op for op in _terminal_ops(checked))
-        out.append(_Evaluated(r, int(s["params"]), int(s["flops"]), int(s["depth"]), ops))
+        out.append(_Evaluated(r, s.params, s.flops, s.depth, ops))
     return out
 
 
@@ -222,38 +211,45 @@ def _table(rows: list[tuple[str, Any]]) -> str:
     return f"<table>{body}</table>"
 
 
-def _window(config: dict[str, Any]) -> int:
+def _window(experiment: Experiment | None) -> int:
     """Regularised evolution's population size; for other strategies a window of the same default."""
-    population = config.get("strategy", {}).get("settings", {}).get("population")
+    population = experiment.strategy.settings.get("population") if experiment else None
     return int(population) if population else 16
+
+
+def _settings_rows(experiment: Experiment | None) -> list[tuple[str, Any]]:
+    """The run's grammar, input, strategy and evaluator, for the table at the top."""
+    if experiment is None:
+        return [("grammar", "?"), ("input", "null"), ("strategy", "? {}"), ("evaluator", "?")]
+    strategy = experiment.strategy
+    return [
+        ("grammar", experiment.grammar),
+        ("input", json.dumps(asdict(experiment.input), sort_keys=True)),
+        ("strategy", f"{strategy.name} {json.dumps(strategy.settings)}"),
+        ("evaluator", experiment.evaluator.name),
+    ]
 
 
 def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: int = 5) -> Path:
     """Write the run's report page (default RUN_DIR/report.html) and return its path."""
     from einspace.pictures.files import page, tree_section
-    from einspace.search.report import best_records, metric_lines, open_run
+    from einspace.search.report import best_records, metric_lines
 
     run_dir = Path(run_dir)
     path = Path(path) if path is not None else run_dir / "report.html"
-    store, config = open_run(run_dir)
-    try:
-        history = store.history()
-    finally:
-        store.close()
-    name = str(config.get("name") or run_dir.name)
-    evaluated = _evaluated(history, config)
+    with SearchRun.open(run_dir) as run:  # what it read stays readable once closed
+        history = run.store.history()
+    name = run.experiment.name if run.experiment else run_dir.name
+    window = _window(run.experiment)
+    evaluated = _evaluated(history, run)
     counts = Counter(r.status for r in history)
     best = best_records(history, top)
-    strategy = config.get("strategy", {})
     parts = [
         f"<h1>einspace run {html.escape(name)}</h1>",
         _table(
             [
                 ("run directory", run_dir),
-                ("grammar", config.get("grammar", "?")),
-                ("input", json.dumps(config.get("input"))),
-                ("strategy", f"{strategy.get('name', '?')} {json.dumps(strategy.get('settings', {}))}"),
-                ("evaluator", config.get("evaluator", {}).get("name", "?")),
+                *_settings_rows(run.experiment),
                 (
                     "evaluations",
                     f"{len(history)} (ok {counts['ok']}, failed {counts['failed']}, "
@@ -291,11 +287,11 @@ def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: 
                 "operation frequencies",
             ),
             "<h2>Population diversity over time</h2>",
-            f"<p>Over the last {_window(config)} evaluations at each point (regularised evolution's "
+            f"<p>Over the last {window} evaluations at each point (regularised evolution's "
             "population): "
             "the fraction of distinct trees and the mean total-variation distance between their operation "
             "profiles (0: the same operations in the same proportions, 1: none in common).</p>",
-            _img(_diversity_png(diversity(history, ops, _window(config)), _window(config)), "diversity"),
+            _img(_diversity_png(diversity(history, ops, window), window), "diversity"),
         ]
     else:
         parts.append("<p>No tree could be checked against the run's grammar.</p>")
@@ -307,18 +303,13 @@ def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: 
         )
         details = metric_lines(r.metrics)
         try:
-            checked = check_text(r.tree, config)
+            checked = run.check(r.tree)
         except EinspaceError as exc:
             parts.append(
                 f"<p>cannot draw this tree: {html.escape(str(exc))}</p><pre>{html.escape(r.tree)}</pre>"
             )
             continue
-        s = statistics(checked)
-        details.insert(
-            0,
-            f"params {s['params']:,}  FLOPs {s['flops']:,}  depth {s['depth']}  "
-            f"terminals {s['terminals']}  output {s['output']}",
-        )
+        details.insert(0, checked.stats.summary())
         parts.append(f"<pre>{html.escape(chr(10).join(details))}</pre>")
         parts.append(tree_section(checked, f"#{rank} (id {r.id})"))
     path.write_text(page(f"einspace run {name}", "\n".join(parts)))

@@ -58,16 +58,12 @@ def learn_from_run(
 ) -> str:
     """Learn from the `top` fittest distinct trees of a run, write the grammar to `out`, and return
     a summary of what changed."""
-    from einspace.bundled import load
-    from einspace.search.report import best_records, open_run
-    from einspace.state import input_state
+    from einspace.search.loop import SearchRun
+    from einspace.search.report import best_records
     from einspace.tree import parse_tree
 
-    store, config = open_run(run_dir)
-    try:
-        history = store.history()
-    finally:
-        store.close()
+    with SearchRun.open(run_dir) as run:
+        history = run.store.history()
     ok = best_records(history, len(history))
     if not ok:
         raise EinspaceError(f"{run_dir} has no successful evaluation to learn from")
@@ -75,9 +71,8 @@ def learn_from_run(
     if k < 1:
         raise EinspaceError(f"--top must be at least 1, got {k}")
     best = ok[:k]
-    grammar = load(config["grammar"])
-    state = input_state(tuple(config["input"]["shape"]), config["input"]["mode"])
-    learned = learn_probabilities(grammar, state, [parse_tree(r.tree) for r in best], prior_strength, max_rho)
+    grammar, trees = run.grammar, [parse_tree(r.tree) for r in best]
+    learned = learn_probabilities(grammar, run.input, trees, prior_strength, max_rho)
     radii = ", ".join(f"{mode} {rho:.4f}" for mode, rho in learned.spectral_radius.items())
     header = "\n".join(
         [

@@ -1,4 +1,4 @@
-"""The run loop: the one place where a strategy, an executor and a store meet.
+"""A search run: its directory, and the loop that is the one place a strategy, an executor and a store meet.
 
 Order of events for every candidate: ask -> (cache hit? record as cached) -> store it as running
 -> submit -> result -> commit to the store -> tell the strategy -> checkpoint the strategy. After a
@@ -12,25 +12,36 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
+from einspace.plugins import load_plugins
 from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
 from einspace.search.store import Record, SQLiteStore, Store
 from einspace.search.strategy import Candidate, Strategy
 
-__all__ = ["STORE_NAME", "RunSummary", "open_store", "run_search"]
+if TYPE_CHECKING:
+    from einspace.checker import CheckedTree
+    from einspace.grammar.model import Grammar
+    from einspace.state import FeatureState
+
+__all__ = ["STORE_NAME", "RunSummary", "SearchRun", "open_store", "run_search"]
 
 STORE_NAME = "search.sqlite"
+
+#: Called with each result once the strategy has heard it (progress bars, early stopping).
+OnResult = Callable[[Record, Strategy], None]
 
 
 @dataclass
 class RunSummary:
-    """What one call of `run_search` did (this session only; the store has the whole run)."""
+    """What one call of `SearchRun.run` did (this session only; the store has the whole run)."""
 
     evaluated: int = 0
     cached: int = 0
@@ -42,26 +53,266 @@ class RunSummary:
     wall_seconds: float = 0.0
     best: Record | None = field(default=None, repr=False)
 
+    @property
+    def results(self) -> int:
+        """Results told to the strategy: evaluated, served from the cache, or replayed."""
+        return self.evaluated + self.cached + self.replayed
 
-def open_store(experiment: Experiment, run_dir: Path | None = None) -> Store:
-    """The run's store; a run directory holding a different experiment is refused."""
-    run_dir = Path(run_dir or experiment.run_dir)
-    store = SQLiteStore(run_dir / STORE_NAME, writer=True)
-    new = experiment.identity()
-    previous = store.get_meta("experiment")
-    old = json.loads(previous) if previous is not None else new
-    changes = identity_changes(old, new)
-    if changes:
-        store.close()
-        raise EinspaceError(
-            f"{run_dir} holds a run of a different experiment; changed since it started:\n  "
-            + "\n  ".join(changes)
-            + "\nuse another run_dir, or undo the change to resume (the executor, name and number of "
-            "evaluations may change)"
+    def count(self, record: Record) -> None:
+        """Note a told result's failure, or whether it is the best yet."""
+        if record.status == "failed":
+            self.failed += 1
+        elif record.fitness is not None and (
+            self.best is None or record.fitness > (self.best.fitness or float("-inf"))
+        ):
+            self.best = record
+
+
+class SearchRun:
+    """A run directory: its store, the experiment it holds, and the search that extends it.
+
+    `SearchRun.start(experiment)` opens the directory for writing (a new run, or one to resume or
+    extend) and `run(executor)` searches; `SearchRun.open(run_dir)` reads a run for reports, with
+    its plugins loaded. `experiment` is None only for a store whose config cannot be read (written
+    by hand, or by a newer einspace); what needs it then raises an EinspaceError saying so. Once
+    closed, what does not read the store (experiment, grammar, `check`) still answers.
+    """
+
+    def __init__(self, directory: Path, store: Store, experiment: Experiment | None, problem: str = ""):
+        self.directory = directory
+        self.store = store
+        self.experiment = experiment
+        self._problem = problem  # why `experiment` is None
+
+    @classmethod
+    def start(cls, experiment: Experiment, run_dir: str | Path | None = None) -> SearchRun:
+        """Open an experiment's run directory (`run_dir`, else the experiment's) for writing; a
+        directory holding a different experiment is refused, with a list of what changed."""
+        directory = Path(run_dir or experiment.directory)
+        run = cls(directory, SQLiteStore(directory / STORE_NAME, writer=True), experiment)
+        try:
+            run._claim(experiment)
+        except EinspaceError:
+            run.close()
+            raise
+        return run
+
+    @classmethod
+    def open(cls, run_dir: str | Path) -> SearchRun:
+        """An existing run, read-only, with the plugins it was searched with loaded (an error if
+        there is no run there, or its plugins no longer load)."""
+        path = Path(run_dir) / STORE_NAME
+        if not path.is_file():
+            raise EinspaceError(f"{run_dir} is not a search run directory (no {STORE_NAME} in it)")
+        store = SQLiteStore(path)
+        try:
+            experiment, problem = Experiment.from_json(store.get_meta("config") or "{}", str(path)), ""
+        except EinspaceError as exc:
+            experiment, problem = None, str(exc)
+        try:
+            load_plugins(experiment.plugins if experiment else ())  # the run's operations and evaluators
+        except EinspaceError as exc:
+            store.close()
+            raise EinspaceError(f"{run_dir} was searched with plugins that no longer load: {exc}") from None
+        return cls(Path(run_dir), store, experiment, problem)
+
+    def _claim(self, experiment: Experiment) -> None:
+        """Refuse a store of another experiment; record this one's identity and config."""
+        new = experiment.identity()
+        previous = self.store.get_meta("experiment")
+        changes = identity_changes(json.loads(previous), new) if previous is not None else []
+        if changes:
+            raise EinspaceError(
+                f"{self.directory} holds a run of a different experiment; changed since it started:\n  "
+                + "\n  ".join(changes)
+                + "\nuse another run_dir, or undo the change to resume (the executor, name and number of "
+                "evaluations may change)"
+            )
+        self.store.set_meta("experiment", json.dumps(new, sort_keys=True))
+        self.store.set_meta("config", experiment.to_json())
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> SearchRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- what the run holds
+    def _known(self) -> Experiment:
+        if self.experiment is None:
+            raise EinspaceError(
+                f"the experiment of the run in {self.directory} cannot be read: {self._problem}"
+            )
+        return self.experiment
+
+    @cached_property
+    def strategy(self) -> Strategy:
+        """The run's strategy as of its last checkpoint (a fresh one for a new run)."""
+        strategy = self._known().make_strategy()
+        checkpoint = self.store.load_checkpoint()
+        if checkpoint is not None:
+            strategy.load_state_dict(checkpoint)
+        return strategy
+
+    @cached_property
+    def grammar(self) -> Grammar:
+        from einspace.bundled import load
+
+        return load(self._known().grammar)
+
+    @property
+    def input(self) -> FeatureState:
+        return self._known().input.state()
+
+    def check(self, tree: str) -> CheckedTree:
+        """A stored tree checked against the run's grammar and input (EinspaceError if it can't be)."""
+        from einspace.checker import check_tree
+        from einspace.tree import parse_tree
+
+        return check_tree(parse_tree(tree), self.grammar, self.input)
+
+    # ---------------------------------------------------------------- the search
+    def run(
+        self,
+        executor: Executor,
+        on_result: OnResult | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        max_results: int | None = None,
+    ) -> RunSummary:
+        """Search (or resume) until the strategy is done, `should_stop()` is true, or this call has
+        finished `max_results` evaluations. The executor is not shut down here (the caller owns it)."""
+        return _Session(self, executor, on_result, should_stop, max_results).run()
+
+
+class _Session:
+    """One call of `SearchRun.run`: the candidates in flight, the duplicates waiting for them, and
+    the summary. Every result is committed to the store before the strategy hears of it."""
+
+    def __init__(
+        self,
+        run: SearchRun,
+        executor: Executor,
+        on_result: OnResult | None,
+        should_stop: Callable[[], bool] | None,
+        max_results: int | None,
+    ):
+        self.store, self.experiment, self.strategy = run.store, run._known(), run.strategy
+        self.executor, self.on_result = executor, on_result
+        self.should_stop, self.max_results = should_stop, max_results
+        self.queue: deque[Candidate] = deque(self.strategy.pending())  # asked before a crash, never told
+        self.in_flight: dict[int, Candidate] = {}
+        self.waiting: dict[str, list[Candidate]] = {}  # hash of each tree in flight -> its duplicates
+        self.summary = RunSummary()
+
+    def run(self) -> RunSummary:
+        started = time.perf_counter()
+        while not self._stopping():
+            with self._driving():
+                self._fill()
+            if not self.in_flight:  # nothing running, nothing to ask: done (or the strategy has nothing left)
+                break
+            finished = self.executor.wait(timeout=0.5)
+            with self._driving():
+                for done in finished:
+                    self._complete(done)
+        self.summary.finished = self.strategy.done
+        self.summary.wall_seconds = time.perf_counter() - started
+        return self.summary
+
+    @contextmanager
+    def _driving(self) -> Iterator[None]:
+        """Count the time inside as the driver's own (not waiting for workers)."""
+        t0 = time.perf_counter()
+        yield
+        self.summary.driver_seconds += time.perf_counter() - t0
+
+    def _stopping(self) -> bool:
+        if self.max_results is not None and self.summary.results >= self.max_results:
+            return True
+        return bool(self.should_stop and self.should_stop())
+
+    def _fill(self) -> None:
+        """Take candidates (re-queued ones first, then asked) until every in-flight slot is busy,
+        or the strategy has nothing to propose yet."""
+        while len(self.in_flight) < self.executor.max_in_flight and not self._stopping():
+            candidate = self.queue.popleft() if self.queue else self.strategy.ask()
+            if candidate is None:
+                return
+            self._dispatch(candidate)
+
+    def _dispatch(self, candidate: Candidate) -> None:
+        """Replay a result the store has, serve a duplicate from the store or have it wait for its
+        twin in flight, or submit the candidate for evaluation."""
+        existing = self._stored(candidate)
+        if existing is not None and existing.finished:
+            self.summary.replayed += 1  # committed before a crash, never told
+            self._tell(candidate, existing)
+        elif (original := self.store.find_hash(candidate.hash)) is not None:
+            self._finish_cached(candidate, original)
+        elif candidate.hash in self.waiting:
+            self.waiting[candidate.hash].append(candidate)
+        else:
+            if existing is not None:  # running when the last session stopped
+                self.summary.requeued += 1
+            self._submit(candidate)
+
+    def _stored(self, candidate: Candidate) -> Record | None:
+        """The store's record of the candidate's id, which must be of the same tree."""
+        existing = self.store.get(candidate.id)
+        if existing is not None and existing.hash != candidate.hash:
+            raise EinspaceError(
+                f"candidate {candidate.id} differs from the stored one: the strategy did not resume "
+                "deterministically (was the experiment or einspace changed?)"
+            )
+        return existing
+
+    def _submit(self, candidate: Candidate) -> None:
+        self.store.submit(_record(candidate))
+        self.executor.submit(candidate.id, self.experiment.task(candidate.tree))
+        self.in_flight[candidate.id] = candidate
+        self.waiting[candidate.hash] = []
+
+    def _complete(self, done: Finished) -> None:
+        """Commit a finished evaluation and tell it, then serve the duplicates that waited for it."""
+        candidate = self.in_flight.pop(done.key)
+        r = done.result
+        outcome = {"fitness": r.fitness, "metrics": r.metrics, "error": r.error, "seconds": r.seconds}
+        record = self.store.finish(_record(candidate, status=r.status, worker=done.worker, **outcome))
+        self.summary.evaluated += 1
+        self._tell(candidate, record)
+        for duplicate in self.waiting.pop(candidate.hash):
+            self._finish_cached(duplicate, record)
+
+    def _finish_cached(self, candidate: Candidate, original: Record) -> None:
+        copy = _record(
+            candidate,
+            status="cached",
+            fitness=original.fitness,
+            metrics=original.metrics,
+            error=original.error,
+            cached_from=original.id,
+            seconds=0.0,
         )
-    store.set_meta("experiment", json.dumps(new, sort_keys=True))
-    store.set_meta("config", experiment.to_json())
-    return store
+        self.summary.cached += 1
+        self._tell(candidate, self.store.finish(copy))
+
+    def _tell(self, candidate: Candidate, record: Record) -> None:
+        """Tell the strategy a committed result, then checkpoint it."""
+        self.strategy.tell(candidate.id, record.fitness if record.fitness is not None else float("-inf"))
+        self.store.save_checkpoint(self.strategy.state_dict())
+        self.summary.count(record)
+        if self.on_result is not None:
+            self.on_result(record, self.strategy)
+
+
+def _record(candidate: Candidate, **outcome: Any) -> Record:
+    """The candidate's record: running without an outcome, finished with one."""
+    return Record(
+        candidate.id, candidate.tree, candidate.hash, candidate.origin, candidate.parents, **outcome
+    )
 
 
 def identity_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -88,127 +339,19 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def open_store(experiment: Experiment, run_dir: Path | None = None) -> Store:
+    """The store of `SearchRun.start(experiment, run_dir)`, for `run_search`."""
+    return SearchRun.start(experiment, run_dir).store
+
+
 def run_search(
     experiment: Experiment,
     executor: Executor,
     store: Store,
-    strategy: Strategy | None = None,
-    on_result: Callable[[Record, Strategy], None] | None = None,
+    on_result: OnResult | None = None,
     should_stop: Callable[[], bool] | None = None,
     max_results: int | None = None,
 ) -> RunSummary:
-    """Run (or resume) a search until the strategy is done, `should_stop()` is true, or this call
-    has finished `max_results` evaluations. The executor is not shut down here (the caller owns it)."""
-    started = time.perf_counter()
-    summary = RunSummary()
-    strategy = strategy or experiment.strategy()
-    checkpoint = store.load_checkpoint()
-    if checkpoint is not None:
-        strategy.load_state_dict(checkpoint)
-    queue: deque[Candidate] = deque(strategy.pending())  # asked before the crash, never told
-    in_flight: dict[int, tuple[Candidate, str]] = {}
-    by_hash: dict[str, int] = {}  # hash of a tree in flight -> its candidate id
-    parked: dict[str, list[Candidate]] = {}  # duplicates waiting for that evaluation
-    results = 0
-    driver = 0.0
-
-    def tell(candidate: Candidate, record: Record) -> None:
-        nonlocal results
-        strategy.tell(candidate.id, record.fitness if record.fitness is not None else float("-inf"))
-        store.save_checkpoint(strategy.state_dict())
-        results += 1
-        if record.status == "failed":
-            summary.failed += 1
-        if record.status != "failed" and record.fitness is not None:
-            if summary.best is None or record.fitness > (summary.best.fitness or float("-inf")):
-                summary.best = record
-        if on_result is not None:
-            on_result(record, strategy)
-
-    def finish(candidate: Candidate, digest: str, **outcome: Any) -> Record:
-        """Commit a candidate's finished record (before the strategy hears of it)."""
-        return store.finish(
-            Record(candidate.id, candidate.tree, digest, candidate.origin, candidate.parents, **outcome)
-        )
-
-    def finish_cached(candidate: Candidate, digest: str, original: Record) -> None:
-        record = finish(
-            candidate,
-            digest,
-            status="cached",
-            fitness=original.fitness,
-            metrics=original.metrics,
-            error=original.error,
-            cached_from=original.id,
-            seconds=0.0,
-        )
-        summary.cached += 1
-        tell(candidate, record)
-
-    def dispatch(candidate: Candidate) -> None:
-        existing = store.get(candidate.id)
-        digest = candidate.hash
-        if existing is not None and existing.hash != digest:
-            raise EinspaceError(
-                f"candidate {candidate.id} differs from the stored one: the strategy did not resume "
-                "deterministically (was the experiment or einspace changed?)"
-            )
-        if existing is not None and existing.finished:
-            summary.replayed += 1  # committed before a crash, never told
-            tell(candidate, existing)
-            return
-        original = store.find_hash(digest)
-        if original is not None:
-            finish_cached(candidate, digest, original)
-            return
-        if digest in by_hash:
-            parked.setdefault(digest, []).append(candidate)
-            return
-        if existing is not None:
-            summary.requeued += 1
-        store.submit(Record(candidate.id, candidate.tree, digest, candidate.origin, candidate.parents))
-        executor.submit(candidate.id, experiment.task(candidate.tree))
-        in_flight[candidate.id] = (candidate, digest)
-        by_hash[digest] = candidate.id
-
-    def complete(done: Finished) -> None:
-        candidate, digest = in_flight.pop(done.key)
-        del by_hash[digest]
-        r = done.result
-        record = finish(
-            candidate,
-            digest,
-            status=r.status,
-            fitness=r.fitness,
-            metrics=r.metrics,
-            error=r.error,
-            seconds=r.seconds,
-            worker=done.worker,
-        )
-        summary.evaluated += 1
-        tell(candidate, record)
-        for duplicate in parked.pop(digest, []):
-            finish_cached(duplicate, digest, record)
-
-    def stopping() -> bool:
-        return (max_results is not None and results >= max_results) or bool(should_stop and should_stop())
-
-    while not stopping():
-        t0 = time.perf_counter()
-        while len(in_flight) < executor.max_in_flight and not stopping():
-            candidate = queue.popleft() if queue else strategy.ask()
-            if candidate is None:
-                break
-            dispatch(candidate)
-        driver += time.perf_counter() - t0
-        if not in_flight:  # nothing running, nothing to ask: done (or the strategy has nothing left)
-            break
-        finished = executor.wait(timeout=0.5)
-        t0 = time.perf_counter()
-        for done in finished:
-            complete(done)
-        driver += time.perf_counter() - t0
-    summary.finished = strategy.done
-    summary.driver_seconds = driver
-    summary.wall_seconds = time.perf_counter() - started
-    return summary
+    """`SearchRun.run` over a store from `open_store` (the caller closes it, and the executor)."""
+    run = SearchRun(experiment.directory, store, experiment)
+    return run.run(executor, on_result, should_stop, max_results)

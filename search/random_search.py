@@ -1,7 +1,7 @@
 """Random sampling and random search (paper Sec. 4.1): K independent samples from the grammar.
 
 They propose the same thing; they differ in what is reported (the average of the K, or the best
-on validation), which `einspace report` reads from the strategy name.
+on validation), which `einspace report` reads from `Strategy.reports_mean`.
 """
 
 from __future__ import annotations
@@ -25,3 +25,4 @@ class RandomSampling(RandomSearch):
     """K samples; the result is their average (the expected performance of the space)."""
 
     name = "random_sampling"
+    reports_mean = True

@@ -6,30 +6,14 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from einspace.errors import EinspaceError
-from einspace.plugins import load_plugins
-from einspace.search.loop import STORE_NAME
-from einspace.search.store import Record, SQLiteStore
+from einspace.search.loop import SearchRun
+from einspace.search.store import Record
+from einspace.search.strategy import Strategy
 
-__all__ = ["best_records", "final_summary", "open_run", "plot_fitness", "report", "write_csv"]
-
-
-def open_run(run_dir: str | Path) -> tuple[SQLiteStore, dict[str, Any]]:
-    """The store of an existing run and its experiment config, with the run's plugins loaded (an
-    error if there is no run there)."""
-    path = Path(run_dir) / STORE_NAME
-    if not path.is_file():
-        raise EinspaceError(f"{run_dir} is not a search run directory (no {STORE_NAME} in it)")
-    store = SQLiteStore(path)
-    config = json.loads(store.get_meta("config") or "{}")
-    try:
-        load_plugins(config.get("plugins", []))  # the run's own operations and evaluators
-    except EinspaceError as exc:
-        store.close()
-        raise EinspaceError(f"{run_dir} was searched with plugins that no longer load: {exc}") from None
-    return store, config
+__all__ = ["best_records", "final_summary", "plot_fitness", "report", "write_csv"]
 
 
 def best_records(history: list[Record], k: int) -> list[Record]:
@@ -38,21 +22,11 @@ def best_records(history: list[Record], k: int) -> list[Record]:
     return sorted(ok, key=lambda r: (-r.fitness, r.id))[:k]  # type: ignore[operator]
 
 
-def _stats(tree: str, config: dict[str, Any]) -> str:
-    from einspace.bundled import load
-    from einspace.checker import check_tree, statistics
-    from einspace.state import input_state
-    from einspace.tree import parse_tree
-
+def _stats(tree: str, run: SearchRun) -> str:
     try:
-        state = input_state(tuple(config["input"]["shape"]), config["input"]["mode"])
-        s = statistics(check_tree(parse_tree(tree), load(config["grammar"]), state))
-    except (EinspaceError, KeyError) as exc:
+        return run.check(tree).stats.summary()
+    except EinspaceError as exc:
         return f"(statistics unavailable: {exc})"
-    return (
-        f"params {s['params']:,}  FLOPs {s['flops']:,}  depth {s['depth']}  "
-        f"terminals {s['terminals']}  output {s['output']}"
-    )
 
 
 def failure_reasons(history: list[Record]) -> list[tuple[str, int]]:
@@ -83,15 +57,12 @@ def metric_lines(metrics: dict[str, float]) -> list[str]:
     return lines + [f"{group}: {'  '.join(values)}" for group, values in groups.items()]
 
 
-def _default_budget(name: str) -> int | str:
-    """The strategy's default `evaluations` when the experiment left it out ("?" if unknown)."""
-    import inspect
-
-    from einspace.search.strategy import _STRATEGIES, list_strategies
-
-    if name not in list_strategies():
-        return "?"
-    return inspect.signature(_STRATEGIES[name]).parameters["evaluations"].default
+def _strategy(run: SearchRun) -> Strategy | None:
+    """The run's strategy, or None where it cannot be built here (say, its grammar file is gone)."""
+    try:
+        return run.strategy
+    except EinspaceError:
+        return None
 
 
 def write_csv(history: list[Record], path: Path) -> None:
@@ -179,25 +150,36 @@ def final_summary(run_dir: str | Path) -> str:
     compares with each seed's own evaluation (the record of origin `seed:<name>` that was
     evaluated, not a cached copy), and where the report goes."""
     run_dir = Path(run_dir)
-    store, config = open_run(run_dir)
-    try:
-        history = store.history()
-    finally:
-        store.close()
-    lines = []
+    with SearchRun.open(run_dir) as run:
+        history = run.store.history()
+        lines = _best_lines(history, run) + _seed_lines(history)
+    lines.append(
+        f"report: `einspace report {run_dir}` prints the top architectures and writes "
+        f"{run_dir / 'fitness.png'} and {run_dir / 'evaluations.csv'}"
+    )
+    return "\n".join(lines)
+
+
+def _best_lines(history: list[Record], run: SearchRun) -> list[str]:
+    """The best evaluation's score, statistics and tree; or, when all failed, why."""
     best = best_records(history, 1)
     if best:
         b = best[0]
-        lines += [
+        return [
             f"best: {_score(b)} (id {b.id}, {b.origin}"
             + (f" of {', '.join(map(str, b.parents))}" if b.parents else "")
             + f", evaluation {b.seq} of {len(history)})",
-            f"  {_stats(b.tree, config)}",
+            f"  {_stats(b.tree, run)}",
             f"  {b.tree}",
         ]
-    else:
-        lines.append(f"best: no successful evaluation; all {len(history)} failed:")
-        lines.extend(f"  x{n}: {reason}" for reason, n in failure_reasons(history)[:5])
+    lines = [f"best: no successful evaluation; all {len(history)} failed:"]
+    return lines + [f"  x{n}: {reason}" for reason, n in failure_reasons(history)[:5]]
+
+
+def _seed_lines(history: list[Record]) -> list[str]:
+    """Each seed's own evaluation (not a cached copy) against the best."""
+    lines = []
+    best = best_records(history, 1)
     seeds: dict[str, Record] = {}
     for r in history:
         if r.origin.startswith("seed:") and r.status != "cached":
@@ -213,55 +195,61 @@ def final_summary(run_dir: str | Path) -> str:
         elif best:
             gain = f"; the best is {best[0].fitness - r.fitness:+.6g} in fitness"  # type: ignore[operator]
         lines.append(f"seed {name}: {_score(r)} (id {r.id}){gain}")
-    lines.append(
-        f"report: `einspace report {run_dir}` prints the top architectures and writes "
-        f"{run_dir / 'fitness.png'} and {run_dir / 'evaluations.csv'}"
-    )
-    return "\n".join(lines)
+    return lines
 
 
 def report(run_dir: str | Path, top: int = 5, plot: bool = True, full: bool = False) -> str:
     """The report text; also writes RUN_DIR/evaluations.csv and RUN_DIR/fitness.png. Trees are
     printed folded (see `einspace.pictures.folding`), or as their full one-line text (`full`)."""
-    from einspace.search.html_report import console_tree
-
     run_dir = Path(run_dir)
-    store, config = open_run(run_dir)
-    try:
-        history = store.history()
-        running = store.running()
-    finally:
-        store.close()
-    strategy = config.get("strategy", {})
-    budget = strategy.get("settings", {}).get("evaluations") or _default_budget(strategy.get("name", ""))
+    with SearchRun.open(run_dir) as run:
+        history = run.store.history()
+        lines = _header_lines(run, history) + [""]
+        lines += _top_lines(run, best_records(history, top), full)
+    write_csv(history, run_dir / "evaluations.csv")
+    lines.append("")
+    lines.append(f"wrote {run_dir / 'evaluations.csv'}")
+    if plot and history:
+        name = run.experiment.name if run.experiment else run_dir.name
+        plot_fitness(history, run_dir / "fitness.png", name)
+        lines.append(f"wrote {run_dir / 'fitness.png'}")
+    return "\n".join(lines)
+
+
+def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
+    """Strategy and evaluator, progress against the budget, the mean where the strategy's result
+    is one (random sampling), and the commonest failures."""
+    e, strategy = run.experiment, _strategy(run)
+    budget = strategy.evaluations if strategy else "?"
     counts = {s: sum(r.status == s for r in history) for s in ("ok", "failed", "cached")}
-    evaluator = config.get("evaluator", {}).get("name")
+    strategy_name, evaluator_name = (e.strategy.name, e.evaluator.name) if e else ("?", None)
     lines = [
-        f"run {run_dir}: strategy {strategy.get('name', '?')}, evaluator {evaluator}",
+        f"run {run.directory}: strategy {strategy_name}, evaluator {evaluator_name}",
         f"finished {len(history)} of {budget} (ok {counts['ok']}, failed {counts['failed']}, "
-        f"cached duplicates {counts['cached']}); running/queued at last stop: {len(running)}"
-        + ("  [complete]" if isinstance(budget, int) and len(history) >= budget else ""),
+        f"cached duplicates {counts['cached']}); running/queued at last stop: {len(run.store.running())}"
+        + ("  [complete]" if strategy and len(history) >= strategy.evaluations else ""),
     ]
     fitnesses = [r.fitness for r in history if r.status != "failed" and r.fitness is not None]
-    if fitnesses and strategy.get("name") == "random_sampling":
+    if fitnesses and strategy and strategy.reports_mean:
         mean = sum(fitnesses) / len(fitnesses)
         sd = math.sqrt(sum((f - mean) ** 2 for f in fitnesses) / max(1, len(fitnesses) - 1))
-        lines.append(f"random sampling: mean fitness {mean:.6g} (sd {sd:.3g}, n {len(fitnesses)})")
-    lines.extend(f"  failed x{n}: {reason}" for reason, n in failure_reasons(history)[:5])
-    lines.append("")
-    for rank, r in enumerate(best_records(history, top), 1):
+        label = strategy.name.replace("_", " ")
+        lines.append(f"{label}: mean fitness {mean:.6g} (sd {sd:.3g}, n {len(fitnesses)})")
+    return lines + [f"  failed x{n}: {reason}" for reason, n in failure_reasons(history)[:5]]
+
+
+def _top_lines(run: SearchRun, best: list[Record], full: bool) -> list[str]:
+    """Each of the best records: rank, fitness, origin, metrics, statistics and tree."""
+    from einspace.search.html_report import console_tree
+
+    lines = []
+    for rank, r in enumerate(best, 1):
         lines.append(
             f"#{rank}  fitness {r.fitness:.6g}  id {r.id}  {r.origin}"
             + (f" of {', '.join(map(str, r.parents))}" if r.parents else "")
             + (f"  seconds {r.seconds:.2f}" if r.seconds is not None else "")
         )
         lines.extend(f"    {line}" for line in metric_lines(r.metrics))
-        lines.append(f"    {_stats(r.tree, config)}")
-        lines.extend(f"    {line}" for line in console_tree(r.tree, config, full).splitlines())
-    write_csv(history, run_dir / "evaluations.csv")
-    lines.append("")
-    lines.append(f"wrote {run_dir / 'evaluations.csv'}")
-    if plot and history:
-        plot_fitness(history, run_dir / "fitness.png", f"{config.get('name', run_dir.name)}")
-        lines.append(f"wrote {run_dir / 'fitness.png'}")
-    return "\n".join(lines)
+        lines.append(f"    {_stats(r.tree, run)}")
+        lines.extend(f"    {line}" for line in console_tree(r.tree, run, full).splitlines())
+    return lines

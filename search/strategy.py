@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from einspace.errors import EinspaceError
 from einspace.exact_sampler import ExactSampler
 from einspace.grammar.model import Grammar
+from einspace.registry import Registry
 from einspace.sampler import Limits, Sampler
 from einspace.sampling import make_sampler
 from einspace.state import FeatureState
@@ -111,6 +112,9 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     state_version: ClassVar[int] = 1
+    #: Whether the strategy's result is the mean fitness of what it evaluated (random sampling:
+    #: the expected performance of the space) rather than the best; reports print the mean then.
+    reports_mean: ClassVar[bool] = False
 
     def __init__(self, space: SearchSpace, random_seed: int = 0, evaluations: int = 1000):
         self.space = space
@@ -212,34 +216,24 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
-_STRATEGIES: dict[str, type[Strategy]] = {}
+#: Every strategy class by name; the built-in ones register as their modules are first needed.
+STRATEGIES: Registry[type[Strategy]] = Registry(
+    "strategy",
+    builtins=("einspace.search.eda", "einspace.search.evolution", "einspace.search.random_search"),
+)
 
 
 def register_strategy(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator: make a strategy available by its `name` (a duplicate is an error)."""
-    if cls.name in _STRATEGIES:
-        raise EinspaceError(f"a strategy named {cls.name!r} is already registered")
-    _STRATEGIES[cls.name] = cls
-    return cls
+    return STRATEGIES.register(cls)
 
 
 def list_strategies() -> list[str]:
-    _load_builtin()
-    return sorted(_STRATEGIES)
+    return STRATEGIES.names()
 
 
 def get_strategy(
     name: str, space: SearchSpace, random_seed: int = 0, settings: dict[str, Any] | None = None
 ) -> Strategy:
-    """A strategy by registered name; unknown names and bad settings are errors naming them."""
-    _load_builtin()
-    if name not in _STRATEGIES:
-        raise EinspaceError(f"unknown strategy {name!r} (registered: {', '.join(sorted(_STRATEGIES))})")
-    try:
-        return _STRATEGIES[name](space, random_seed=random_seed, **(settings or {}))
-    except TypeError as exc:
-        raise EinspaceError(f"bad settings for strategy {name!r}: {exc}") from None
-
-
-def _load_builtin() -> None:
-    from einspace.search import eda, evolution, random_search  # noqa: F401 - registers the built-ins
+    """A strategy by registered name; an unknown name or setting is an error naming it."""
+    return STRATEGIES.create(name, settings, space, random_seed=random_seed)

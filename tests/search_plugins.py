@@ -13,7 +13,6 @@ import os
 import time
 from pathlib import Path
 
-from einspace.checker import check_tree
 from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evaluator
 from einspace.tree import content_hash
 
@@ -21,8 +20,8 @@ from einspace.tree import content_hash
 TARGET_PARAMS = 5_000
 
 
-def _analytic(tree, input, grammar) -> dict[str, float]:
-    params = check_tree(tree, grammar, input).params
+def _analytic(checked) -> dict[str, float]:
+    params = checked.params
     return {"fitness": -abs(math.log10(params + 1) - math.log10(TARGET_PARAMS)), "params": float(params)}
 
 
@@ -35,10 +34,10 @@ class ParamsEvaluator(Evaluator):
     def __init__(self, sleep: float = 0.0):
         self.sleep = sleep
 
-    def evaluate(self, tree, input, grammar, random_seed):
+    def evaluate(self, checked, random_seed):
         if self.sleep:
             time.sleep(self.sleep)
-        return _analytic(tree, input, grammar)
+        return _analytic(checked)
 
 
 @register_evaluator
@@ -51,8 +50,8 @@ class FaultyEvaluator(Evaluator):
         self.fault = fault
         self.every = every
 
-    def evaluate(self, tree, input, grammar, random_seed):
-        if int(content_hash(tree)[:8], 16) % self.every == 0:
+    def evaluate(self, checked, random_seed):
+        if int(content_hash(checked.tree)[:8], 16) % self.every == 0:
             if self.fault == "raise":
                 raise RuntimeError("injected failure")
             if self.fault == "expected":
@@ -65,7 +64,7 @@ class FaultyEvaluator(Evaluator):
                 return {"fitness": float("nan")}
             if self.fault == "cuda":
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return _analytic(tree, input, grammar)
+        return _analytic(checked)
 
 
 @register_evaluator
@@ -78,7 +77,7 @@ class WhereEvaluator(Evaluator):
     def __init__(self, log: str, batch_size: int = 256):
         self.log = Path(log)
 
-    def evaluate(self, tree, input, grammar, random_seed):
+    def evaluate(self, checked, random_seed):
         import ray
 
         context = ray.get_runtime_context()
@@ -91,4 +90,4 @@ class WhereEvaluator(Evaluator):
         }
         with open(self.log / f"{os.getpid()}.jsonl", "a") as f:
             f.write(json.dumps(entry) + "\n")
-        return _analytic(tree, input, grammar)
+        return _analytic(checked)

@@ -20,10 +20,10 @@ from einspace.grammar.model import Grammar, OpItem, ParallelItem, SymbolItem
 from einspace.inside import abstract_of, inside_tables
 from einspace.ops.registry import get_op, list_ops
 from einspace.rejection_sampler import RejectionSampler
-from einspace.sampler import Limits, Sampler, sample_tree, tree_depth
+from einspace.sampler import Limits, Sampler, sample_tree
 from einspace.sampling import make_sampler
 from einspace.state import FeatureState, input_state
-from einspace.tree import Nonterminal, Parallel, Repeat, Terminal, to_text
+from einspace.tree import Nonterminal, Parallel, Repeat, Terminal, to_text, tree_depth
 from einspace.variation import limit_violation
 
 #: One significance level for every test here; with fixed seeds each outcome is deterministic.

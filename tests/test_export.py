@@ -140,7 +140,9 @@ def test_every_bundled_seed_exports_and_agrees_in_a_fresh_process(tmp_path):
         cls = class_name(name)
         networks[cls] = network
         params[cls] = sum(p.numel() for p in network.parameters())
-        inputs = torch.randn(batch, *shape, generator=torch.Generator().manual_seed(1))
+        # float64: in train mode the last stages normalise a batch of 2 at 1x1, which amplifies
+        # float32 rounding differences between equal computations (kernels summing in another order)
+        inputs = torch.randn(batch, *shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         payload[cls] = {"input": inputs}
     exported = export_networks(networks)
     path = tmp_path / "seeds.py"

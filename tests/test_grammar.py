@@ -237,3 +237,10 @@ def test_user_operation_argument_check(scale_op):
         GrammarError, match=r"<string>:2:6: argument 'factor' of '\w+' = -1.0: must be positive"
     ):
         parse_grammar(f"start S\nS -> {scale_op}(factor = -1.0, shift = 0)\n")
+
+
+def test_load_grammar_is_one_function_under_both_public_names():
+    import einspace
+    import einspace.grammar
+
+    assert einspace.load_grammar is einspace.grammar.load_grammar is load_grammar

@@ -405,6 +405,8 @@ def test_strategies_stores_configs_and_trees_import_without_torch() -> None:
 
     modules = [
         "einspace",
+        "einspace.registry",
+        "einspace.ops.registry",
         "einspace.tree",
         "einspace.grammar",
         "einspace.sampler",

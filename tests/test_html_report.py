@@ -34,7 +34,7 @@ def quickstart_run(tmp_path_factory):
     experiment = parse_experiment(raw, str(QUICKSTART))
     store = open_store(experiment)
     try:
-        assert run_search(experiment, experiment.executor(), store).finished
+        assert run_search(experiment, experiment.make_executor(), store).finished
         history = store.history()
     finally:
         store.close()

@@ -115,14 +115,15 @@ def finished_run(tmp_path_factory) -> Path:
     exp = experiment(run_dir, strategy={"name": "random_search", "settings": {"evaluations": 24}})
     store = open_store(exp, run_dir)
     try:
-        run_search(exp, InProcessExecutor(1, exp["plugins"]), store)
+        run_search(exp, InProcessExecutor(1, exp.plugins), store)
     finally:
         store.close()
     return run_dir
 
 
 def test_learn_probabilities_writes_a_grammar_check_accepts(finished_run, tmp_path, capsys):
-    from einspace.search.report import best_records, open_run
+    from einspace.search.loop import SearchRun
+    from einspace.search.report import best_records
 
     out = tmp_path / "learned.pcfg"
     assert main(["learn-probabilities", str(finished_run), "--out", str(out), "--top", "5"]) == 0
@@ -131,9 +132,8 @@ def test_learn_probabilities_writes_a_grammar_check_accepts(finished_run, tmp_pa
     text = out.read_text()
     assert text.startswith("# Learned by `einspace learn-probabilities` from the run in")
     assert "its 5 fittest of" in text
-    store, config = open_run(finished_run)
-    best = best_records(store.history(), 5)
-    store.close()
+    with SearchRun.open(finished_run) as run:
+        best = best_records(run.store.history(), 5)
     expected = learn_probabilities(load_grammar("einspace"), X, [parse_tree(r.tree) for r in best])
     assert parse_grammar(text).rules == expected.grammar.rules
     assert main(["check", str(out)]) == 0

@@ -38,7 +38,6 @@ from einspace import (
     load_grammar,
     parse_tree,
     pretty,
-    statistics,
     to_text,
 )
 from einspace.checker import CheckedTree
@@ -119,8 +118,7 @@ def _case(case: tuple[str, tuple[int, ...]]):
 
 def _sizes(checked: CheckedTree) -> tuple[int, int]:
     """Depth and node count as the limits define them (statistics)."""
-    stats = statistics(checked)
-    return int(stats["depth"]), int(stats["terminals"]) + int(stats["nonterminals"])
+    return checked.stats.depth, checked.stats.nodes
 
 
 def _instances_and_activations(checked: CheckedTree) -> tuple[int, int]:
@@ -221,7 +219,7 @@ def _assert_compiles_and_runs(checked: CheckedTree) -> str:
     """Every operation by itself, then the whole network unless it is too large even for
     `meta`; on the CPU where the estimated cost allows."""
     tier = _tier(checked)
-    TIERS_RUN.append((tier, int(statistics(checked)["terminals"])))
+    TIERS_RUN.append((tier, checked.stats.terminals))
     _check_operations(checked, "cpu" if tier == "cpu" else "meta")
     if tier != "operations":
         _forward(checked, tier)
@@ -310,7 +308,7 @@ def test_large_networks_run_on_the_cpu(case):
     ran = []
     for _ in range(20):
         checked = check_tree(sampler.sample(), grammar, x)
-        if statistics(checked)["terminals"] >= 15 and _tier(checked) == "cpu":
+        if checked.stats.terminals >= 15 and _tier(checked) == "cpu":
             ran.append(_assert_compiles_and_runs(checked))
             if len(ran) == 3:
                 return

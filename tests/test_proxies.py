@@ -94,3 +94,14 @@ def test_proxy_failures_are_results() -> None:
     assert not budget.ok and "over budget" in budget.error
     data_free = run_task(Task(_dense(256), "einspace", (3, 8, 8), "synflow", {"dataset": None, "classes": 5}))
     assert data_free.ok, data_free.error
+
+
+def test_run_task_checks_the_tree_once_and_hands_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from einspace.checker import _Checker
+
+    checks = []
+    start = _Checker.__init__
+    monkeypatch.setattr(_Checker, "__init__", lambda self, *args: checks.append(args) or start(self, *args))
+    result = run_task(Task(_dense(256), "einspace", (3, 8, 8), "synflow", {"dataset": None, "classes": 5}))
+    assert result.ok, result.error
+    assert len(checks) == 1 and result.metrics["params"] == (3 * 64 + 1) * 256

@@ -8,7 +8,6 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from einspace import check_tree, input_state, load_grammar, parse_tree, sample_tree
-from einspace.checker import statistics
 from einspace.cli import main
 from einspace.ops.registry import Group
 from einspace.pictures import dataflow, fold, folded_text, render
@@ -105,7 +104,7 @@ def test_folding_to_a_budget_accounts_for_every_terminal():
         for _, n in walk(v.node)
         if isinstance(n, Terminal)
     )
-    assert drawn + boxed == statistics(checked)["terminals"]
+    assert drawn + boxed == checked.stats.terminals
     assert folding.folded_nodes == sum(
         sum(1 for _ in walk(v.node)) for _, v in folding.view.walk() if v.kind is Kind.FOLDED
     )

@@ -121,24 +121,20 @@ def test_step_budget_bounds_a_hopeless_search():
 
 @pytest.mark.parametrize("max_depth,max_nodes", [(3, 2000), (8, 20), (40, 60)])
 def test_limits_hold(paper, max_depth, max_nodes):
-    from einspace.checker import statistics
-
     limits = Limits(max_depth=max_depth, max_nodes=max_nodes)
     for seed in range(50):
-        stats = statistics(check_tree(sample_tree(paper, IMAGE, seed, limits), paper, IMAGE))
-        assert stats["depth"] <= max_depth
-        assert stats["terminals"] + stats["nonterminals"] <= max_nodes
+        stats = check_tree(sample_tree(paper, IMAGE, seed, limits), paper, IMAGE).stats
+        assert stats.depth <= max_depth
+        assert stats.nodes <= max_nodes
 
 
 def test_min_depth_and_parameter_budget(paper):
     limits = Limits(min_depth=6, max_params=50_000)
     sampler = Sampler(paper, IMAGE, limits, random_seed=1)
-    from einspace.checker import statistics
-
     for _ in range(30):
-        stats = statistics(check_tree(sampler.sample(), paper, IMAGE))
-        assert stats["depth"] >= 6
-        assert stats["params"] <= 50_000
+        stats = check_tree(sampler.sample(), paper, IMAGE).stats
+        assert stats.depth >= 6
+        assert stats.params <= 50_000
 
 
 def test_bad_limits_are_refused():

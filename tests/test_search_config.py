@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 from search_helpers import BASE, PLUGIN, experiment, merge
 
-from einspace.search.config import ConfigError, load_experiment, parse_experiment
+from einspace.search.config import ConfigError, Experiment, load_experiment, parse_experiment
 
 BAD = [
     ({"strategy": {"settings": {"populaton": 5}}}, "populaton"),
@@ -26,7 +27,7 @@ BAD = [
     ({"limits": {"max_depth": "deep"}}, "limits.max_depth must be an integer"),
     ({"limits": {"max_depth": 0}}, "max_depth"),
     ({"evaluator": {"name": "no_such_evaluator"}}, "unknown evaluator 'no_such_evaluator'"),
-    ({"evaluator": {"settings": {"bogus": 1}}}, "bad settings for evaluator 'test_params'"),
+    ({"evaluator": {"settings": {"bogus": 1}}}, "unknown setting 'bogus' for evaluator 'test_params'"),
     ({"strategy": {"name": "annealing"}}, "unknown strategy 'annealing'"),
     ({"seeds": ["no_such_seed"]}, "no_such_seed"),
     ({"seeds": [3]}, r"seeds\[0\] must be a string"),
@@ -52,8 +53,8 @@ def test_missing_required_key():
 
 def test_defaults_are_filled_in(tmp_path):
     e = experiment(tmp_path)
-    assert e["executor"]["num_gpus"] == 0 and e["limits"]["max_params"] is None
-    assert e["strategy"]["settings"]["population"] == 10
+    assert e.executor.num_gpus == 0 and e.limits.max_params is None
+    assert e.strategy.settings["population"] == 10
 
 
 def test_yaml_file_relative_paths_and_default_run_dir(tmp_path):
@@ -63,8 +64,8 @@ def test_yaml_file_relative_paths_and_default_run_dir(tmp_path):
     raw = merge(BASE, {"seeds": ["my.tree", "resnet18"], "plugins": [PLUGIN]})
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
     e = load_experiment(tmp_path / "exp.yaml")
-    assert e["seeds"][0] == str((tmp_path / "my.tree").resolve()) and e["seeds"][1] == "resnet18"
-    assert e["name"] == "exp" and e.run_dir == Path("runs/exp")
+    assert e.seeds == (str((tmp_path / "my.tree").resolve()), "resnet18")
+    assert e.name == "exp" and e.directory == Path("runs/exp")
     assert [name for name, _ in e.space().seeds] == ["my", "resnet18"]
 
 
@@ -77,3 +78,53 @@ def test_unreadable_and_invalid_yaml(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_experiment(tmp_path / "list.yaml")
+
+
+def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path):
+    """The stored form (a run's `config` and `experiment` metadata) is what resuming and reports
+    read: every key with its default, paths resolved, lists as lists; it must not drift."""
+    e = experiment(tmp_path)
+    stored = {
+        "name": "test",
+        "run_dir": str(tmp_path),
+        "random_seed": 3,
+        "grammar": "einspace",
+        "sampling": "paper",
+        "allow_inconsistent": False,
+        "input": {"shape": [3, 16, 16], "mode": None},
+        "limits": {
+            "max_depth": 12,
+            "max_nodes": 80,
+            "min_depth": 0,
+            "max_params": None,
+            "max_steps": 20_000,
+            "max_attempts": 100,
+        },
+        "evaluator": {"name": "test_params", "settings": {}},
+        "strategy": {
+            "name": "regularised_evolution",
+            "settings": {"evaluations": 40, "population": 10, "tournament": 3},
+        },
+        "seeds": [],
+        "plugins": [PLUGIN],
+        "executor": {
+            "kind": "in_process",
+            "max_in_flight": 1,
+            "num_cpus": 1,
+            "num_gpus": 0,
+            "timeout_s": None,
+            "fresh_process": None,
+            "local_cpus": None,
+            "packing": "fixed",
+            "gpu_memory_gb": None,
+        },
+    }
+    assert json.loads(e.to_json()) == stored
+    identity = e.identity()
+    resumable = {"name", "run_dir", "executor"}
+    assert set(identity) == set(stored) - resumable | {"grammar_content", "plugin_content"}
+    assert identity["strategy"]["settings"] == {"population": 10, "tournament": 3}
+    assert list(identity["plugin_content"]) == [PLUGIN]
+    assert Experiment.from_json(e.to_json(), "test.yaml") == e
+    older = {k: v for k, v in stored.items() if k not in ("sampling", "allow_inconsistent")}
+    assert Experiment.from_json(json.dumps(older), "test.yaml") == e  # keys added since: defaults

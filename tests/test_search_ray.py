@@ -50,7 +50,7 @@ def shared():
 def run(e, executor=None):
     store = open_store(e)
     own = executor is None
-    executor = executor or e.executor()
+    executor = executor or e.make_executor()
     try:
         return run_search(e, executor, store), store.history()
     finally:
@@ -79,7 +79,7 @@ def test_ray_with_one_in_flight_reproduces_the_in_process_history(tmp_path, shar
         shared.max_in_flight = 2
     in_process = experiment(tmp_path / "local")
     store = open_store(in_process)
-    run_search(in_process, in_process.executor(), store)
+    run_search(in_process, in_process.make_executor(), store)
     assert history_key(on_ray) == history_key(store.history())
 
 

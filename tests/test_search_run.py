@@ -17,13 +17,13 @@ from search_helpers import BASE, PLUGIN, experiment, history_key, merge
 
 from einspace.cli import main
 from einspace.errors import EinspaceError
-from einspace.search.loop import STORE_NAME, open_store, run_search
+from einspace.search.loop import STORE_NAME, SearchRun, open_store, run_search
 
 
 def run(e, **kw):
     store = open_store(e)
     try:
-        summary = run_search(e, e.executor(), store, **kw)
+        summary = run_search(e, e.make_executor(), store, **kw)
         return summary, store.history()
     finally:
         store.close()
@@ -60,10 +60,18 @@ def test_duplicates_are_cached_not_reevaluated(tmp_path):
 
 def test_stop_and_resume_gives_the_same_history(tmp_path, reference):
     e = experiment(tmp_path)
-    first, _ = run(e, max_results=13)
-    assert not first.finished
-    second, history = run(e)
-    assert second.finished and history_key(history) == history_key(reference)
+    with SearchRun.start(e) as started:
+        first = started.run(e.make_executor(), max_results=13)
+    assert not first.finished and first.results == 13
+    with SearchRun.start(e) as resumed:
+        assert resumed.strategy.next_id >= 13  # restored from its checkpoint
+        second = resumed.run(e.make_executor())
+    assert second.finished
+    with SearchRun.open(tmp_path) as finished:  # read-only, as reports see it
+        assert finished.experiment == e and finished.strategy.done
+        history = finished.store.history()
+        assert history_key(history) == history_key(reference)
+        assert finished.check(history[-1].tree).params > 0
 
 
 def test_crash_between_commit_and_checkpoint_replays_from_the_store(tmp_path, reference, monkeypatch):
@@ -95,7 +103,7 @@ from einspace.search.loop import open_store, run_search
 from search_helpers import experiment
 e = experiment(sys.argv[1], evaluator={"name": "test_params", "settings": {"sleep": 0.05}})
 store = open_store(e)
-run_search(e, e.executor(), store)
+run_search(e, e.make_executor(), store)
 """
 
 
@@ -150,8 +158,13 @@ def test_a_run_dir_of_another_experiment_is_refused(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["random_search", "random_sampling"])
 def test_random_strategies_end_to_end(tmp_path, strategy):
+    from einspace.search.report import report
+
     summary, history = run(experiment(tmp_path, strategy={"name": strategy, "settings": {"evaluations": 8}}))
     assert summary.finished and len(history) == 8 and {r.origin for r in history} == {"sampled"}
+    text = report(tmp_path, plot=False)  # random sampling's result is the mean of its samples
+    assert ("random sampling: mean fitness" in text) == (strategy == "random_sampling")
+    assert f"strategy {strategy}, evaluator test_params" in text and "finished 8 of 8" in text
 
 
 def test_cli_search_then_report(tmp_path, capsys):
@@ -208,6 +221,10 @@ def test_final_summary_compares_validation_accuracy_with_the_seeds_own_evaluatio
     assert text.startswith("best: validation accuracy 0.8000 (id 2, mutation, evaluation 3 of 3)")
     assert "seed resnet_small: validation accuracy 0.5000 (id 0); the best is +0.3000" in text
     assert "(statistics unavailable" in text  # no grammar in this config; the summary still prints
+    with SearchRun.open(tmp_path) as unreadable:
+        assert unreadable.experiment is None and len(unreadable.store.history()) == 3
+        with pytest.raises(EinspaceError, match=r"cannot be read: .*missing key 'input.shape'"):
+            unreadable.check("(S t0)")
 
 
 def test_cli_errors_exit_2_without_traceback(tmp_path, capsys):
@@ -219,7 +236,7 @@ def test_cli_errors_exit_2_without_traceback(tmp_path, capsys):
 
 
 def test_plugin_path_is_absolute_in_config(tmp_path):
-    assert experiment(tmp_path)["plugins"] == [PLUGIN]
+    assert experiment(tmp_path).plugins == (PLUGIN,)
 
 
 def test_async_stop_requeues_in_flight_and_evaluates_nothing_twice(tmp_path):

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from einspace import check_tree, compile_network, load_grammar, statistics
+from einspace import check_tree, compile_network, load_grammar
 from einspace.architectures import SEEDS, conv, network, norm, seed_text, seq
 from einspace.cli import main
-from einspace.errors import EinspaceError
+from einspace.errors import EinspaceError, SeedFitError
 from einspace.sampler import Limits
 from einspace.seeds import list_seeds, load_seed, seed_path
 from einspace.state import input_state
@@ -82,8 +82,10 @@ def test_too_small_input_names_seed_input_and_node(grammar):
     where = r"seed 'vit' .* does not fit input im\[3x2x2\]: at node S > .*im2col"
     with pytest.raises(EinspaceError, match=where):
         load_seed("vit", grammar, input_state((3, 2, 2)))
-    with pytest.raises(EinspaceError, match="kernel 4 larger than the padded input 2x2"):
+    with pytest.raises(SeedFitError, match="kernel 4 larger than the padded input 2x2") as info:
         load_seed("vit", grammar, input_state((3, 2, 2)))
+    assert (info.value.seed, info.value.input) == ("vit", "im[3x2x2]")  # what `einspace seeds` prints
+    assert info.value.reason.startswith("at node S > ") and info.value.reason in str(info.value)
 
 
 def test_unknown_seed_lists_the_bundled_ones(grammar):
@@ -117,9 +119,9 @@ def test_seeds_are_within_the_default_limits(grammar):
     """Mutation keeps trees within Limits(); a seed beyond them could not be varied."""
     limits, state = Limits(), input_state((3, 64, 64))
     for name in SEEDS:
-        stats = statistics(check_tree(load_seed(name, grammar, state), grammar, state))
-        assert stats["depth"] <= limits.max_depth
-        assert stats["terminals"] + stats["nonterminals"] <= limits.max_nodes
+        stats = check_tree(load_seed(name, grammar, state), grammar, state).stats
+        assert stats.depth <= limits.max_depth
+        assert stats.nodes <= limits.max_nodes
 
 
 @pytest.mark.parametrize("name", sorted(SEEDS))

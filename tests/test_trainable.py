@@ -142,14 +142,15 @@ def test_architecture_parameters_get_their_own_optimiser(gate_op: None) -> None:
 def test_training_adds_weighted_terms_and_reports_them(gate_op: None) -> None:
     grid = es.input_state((1, 8, 8))
     gate = f"arch/{_gate_path(_network())}/gate"
-    plain = TrainingEvaluator(**QUICK).evaluate(es.parse_tree(TREE), grid, None, 0)
+    checked = es.check_tree(es.parse_tree(TREE), None, grid)
+    plain = TrainingEvaluator(**QUICK).evaluate(checked, 0)
     assert plain["aux/gate_penalty"] > 0 and 0 <= plain[gate] <= 1
     settings = {
         **QUICK,
         "param_groups": {"architecture": {"lr": 0.05}},
         "auxiliary_losses": {"gate_penalty": 50.0, "test_gate_total": {"weight": 0.0, "target": 2.0}},
     }
-    heavy = TrainingEvaluator(**settings).evaluate(es.parse_tree(TREE), grid, None, 0)
+    heavy = TrainingEvaluator(**settings).evaluate(checked, 0)
     # a large weight on g² drives the gate down; the network loss reports what it sees
     assert heavy[gate] < plain[gate]
     assert heavy["test_gate_total/total"] == pytest.approx(heavy[gate])
@@ -159,5 +160,6 @@ def test_training_adds_weighted_terms_and_reports_them(gate_op: None) -> None:
 
 def test_unknown_network_loss_options_are_errors(gate_op: None) -> None:
     settings = {**QUICK, "auxiliary_losses": {"test_gate_total": {"weight": 1.0, "targte": 1.0}}}
+    checked = es.check_tree(es.parse_tree(TREE), None, es.input_state((1, 8, 8)))
     with pytest.raises(EinspaceError, match="auxiliary loss 'test_gate_total': .*targte"):
-        TrainingEvaluator(**settings).evaluate(es.parse_tree(TREE), es.input_state((1, 8, 8)), None, 0)
+        TrainingEvaluator(**settings).evaluate(checked, 0)

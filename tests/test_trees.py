@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from einspace import check_tree, content_hash, load_grammar, parse_tree, pretty, statistics, to_text
-from einspace.errors import TreeError, TreeSyntaxError
+from einspace import check_tree, content_hash, load_grammar, parse_tree, pretty, to_text
+from einspace.errors import EinspaceError, TreeError, TreeSyntaxError
 from einspace.ops.registry import Argument, Group, Operation, register_op, unregister_op
 from einspace.sampler import sample_tree
 from einspace.state import input_state
@@ -16,12 +16,15 @@ from einspace.tree import (
     Parallel,
     Repeat,
     Terminal,
+    TreeVisitor,
     dumps_json,
     from_json,
     load_tree,
     node_at,
     replace_at,
+    tree_depth,
     walk,
+    walk_depths,
 )
 
 #: The paper's Fig. 3 block: a 3x3 convolution (im2col, linear, col2im), norm and leaky ReLU
@@ -188,6 +191,41 @@ def test_walk_node_at_and_replace_at():
     changed = replace_at(FIG3_TREE, identity_path, Terminal("norm"))
     assert to_text(changed) == FIG3.replace("(C identity)", "(C norm)")
     assert changed.children[0] is FIG3_TREE.children[0]  # untouched subtrees are shared
+
+
+class _Kinds(TreeVisitor[str]):
+    """Handles two kinds by name; the others fall to `default`."""
+
+    def terminal(self, node: Terminal, prefix: str) -> str:
+        return prefix + node.op
+
+    def repeat(self, node: Repeat, prefix: str) -> str:
+        return prefix + f"x{node.times}:" + self.visit(node.child, prefix)
+
+
+def test_visitor_dispatches_by_kind_name_with_a_default_for_the_rest():
+    visitor = _Kinds()
+    assert visitor.visit(Repeat(Terminal("norm"), 4), "> ") == "> x4:> norm"
+    with pytest.raises(EinspaceError, match="_Kinds has no handler for a parallel node"):
+        visitor.visit(Parallel((Terminal("norm"),)), "")
+
+
+@pytest.mark.parametrize(
+    "text,depth",
+    [
+        ("(S (C identity))", 2),
+        ("(S (M (C identity)) (M (M (C norm))))", 4),
+        # groupings add no level: S > Branches > [ ] > M > C is depth 4, as is the repeat's M > C
+        ("(S (B clone(b=2)) (Branches [(M (C identity)) (M (C norm))]) (A add))", 4),
+        ("(S (B clone(b=2)) (Branches (M (C identity))*2) (A add))", 4),
+    ],
+)
+def test_depth_counts_nonterminal_levels(text, depth):
+    tree = parse_tree(text)
+    assert tree_depth(tree) == depth
+    by_path = {path: d for path, _, d in walk_depths(tree)}
+    assert [path for path, _ in walk(tree)] == list(by_path)  # the same pre-order
+    assert by_path[()] == 1 and tree_depth(Terminal("identity")) == 0
 
 
 def test_load_tree_skips_comment_lines(tmp_path):
@@ -411,7 +449,7 @@ def test_figure3_statistics_by_hand():
     ):
         check_tree(FIG3_TREE, load_grammar("einspace"), input_state(IM))
     checked = check_tree(FIG3_TREE, None, input_state(IM))
-    assert statistics(checked) == {
+    assert checked.stats.as_dict() == {
         "terminals": 8,
         "nonterminals": 17,
         "depth": 6,
@@ -420,6 +458,8 @@ def test_figure3_statistics_by_hand():
         "flops": 168_960 + 12_288 + 3072 + 3072,
         "output": "im[3x32x32]",
     }
+    assert checked.stats.nodes == 8 + 17
+    assert checked.stats.summary() == "params 90  FLOPs 187,392  depth 6  terminals 8  output im[3x32x32]"
     im2col = (1, 0, 0, 0, 0, 0)  # S > Branches > [parallel] > M > M > R1 > im2col
     assert node_at(FIG3_TREE, im2col) == Terminal("im2col", (("k", 3), ("s", 1), ("p", 1)))
     assert checked.facts[im2col].output == (input_state((1024, 27))._replace(folds=((32, 32),)),)
@@ -433,7 +473,7 @@ def test_figure3_with_grammar_widths_checks_against_the_paper_grammar(paper):
     """
     tree = parse_tree(FIG3.replace("d=3", "d=16"))
     checked = check_tree(tree, paper, input_state((16, 32, 32)))
-    assert statistics(checked) == {
+    assert checked.stats.as_dict() == {
         "terminals": 8,
         "nonterminals": 17,
         "depth": 6,
@@ -451,7 +491,7 @@ def test_repeat_statistics_count_structure_once_and_costs_per_copy(paper):
     linear = (1, 0, 0, 0, 0)  # S > Branches > *4 > M > C > linear
     assert checked.facts[linear].copies == 4
     assert checked.facts[linear].params == (3 + 1) * 16
-    assert statistics(checked) == {
+    assert checked.stats.as_dict() == {
         "terminals": 3,
         "nonterminals": 6,
         "depth": 4,

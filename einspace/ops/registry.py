@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -13,6 +11,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 from einspace.errors import EinspaceError, Infeasible, UnknownOperationError
+from einspace.registry import Registry
 from einspace.state import Signal
 
 #: Argument values of an operation call, in the operation's declared argument order.
@@ -105,7 +104,12 @@ class Operation:
         return f"<operation {self.name} ({self.group.value})>"
 
 
-_REGISTRY: dict[str, Operation] = {}
+#: Every operation by name; the modules of the built-in ones register them when first needed.
+OPERATIONS: Registry[Operation] = Registry(
+    "operation",
+    builtins=("einspace.ops.core", "einspace.ops.dnarch", "einspace.ops.nos", "einspace.ops.xd"),
+    unknown_error=UnknownOperationError,
+)
 
 
 def register_op(cls: type[Operation]) -> type[Operation]:
@@ -113,42 +117,29 @@ def register_op(cls: type[Operation]) -> type[Operation]:
 
     A second registration of the same name is an error, never a silent replacement.
     """
-    name = getattr(cls, "name", None)
-    if not name or not isinstance(name, str):
-        raise EinspaceError(f"{cls.__name__} must set a string `name` to be registered")
-    if name in _REGISTRY:
-        raise EinspaceError(f"an operation named {name!r} is already registered ({_REGISTRY[name]!r})")
     if not isinstance(getattr(cls, "group", None), Group):
-        raise EinspaceError(f"operation {name!r} must set `group` to a Group")
-    _REGISTRY[name] = cls()
+        raise EinspaceError(f"operation {getattr(cls, 'name', cls.__name__)!r} must set `group` to a Group")
+    OPERATIONS.register(cls())
     return cls
 
 
 def unregister_op(name: str) -> None:
     """Remove a registered operation (for user code and tests that register temporary ones)."""
-    _REGISTRY.pop(name, None)
+    OPERATIONS.unregister(name)
 
 
 def get_op(name: str) -> Operation:
     """The registered operation called `name`; an unknown name suggests close matches."""
-    _load_builtin_ops()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise UnknownOperationError(f"unknown operation {name!r}{hint}") from None
+    return OPERATIONS.get(name)
 
 
 def has_op(name: str) -> bool:
-    _load_builtin_ops()
-    return name in _REGISTRY
+    return name in OPERATIONS
 
 
 def list_ops(pattern: str = "*") -> list[str]:
     """Names of registered operations matching a shell-style pattern, sorted."""
-    _load_builtin_ops()
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+    return OPERATIONS.names(pattern)
 
 
 def canonical_args(op: Operation, given: Mapping[str, Any]) -> Args:
@@ -175,20 +166,6 @@ def canonical_args(op: Operation, given: Mapping[str, Any]) -> Args:
             raise EinspaceError(f"argument {arg.name!r} of {op.name!r} = {value!r}: {problem}")
         values.append((arg.name, value))
     return tuple(values)
-
-
-_builtins_loaded = False
-
-
-def _load_builtin_ops() -> None:
-    """Import the modules that register the built-in operations (once)."""
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True
-        import einspace.ops.core  # noqa: F401  (each import registers its operations)
-        import einspace.ops.dnarch  # noqa: F401
-        import einspace.ops.nos  # noqa: F401
-        import einspace.ops.xd  # noqa: F401
 
 
 def infeasible(reason: str) -> Infeasible:

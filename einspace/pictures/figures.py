@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from einspace.checker import CheckedTree, statistics
+from einspace.checker import CheckedTree
 from einspace.ops.registry import Group
 from einspace.pictures.dataflow import dataflow
 from einspace.pictures.folding import Folding, Kind, View, count_leaves, fold
@@ -94,11 +94,7 @@ def _canvas(width: float, height: float, inches: tuple[float, float], title: str
 
 
 def _title(checked: CheckedTree, name: str) -> str:
-    s = statistics(checked)
-    return (
-        f"{name}   params {s['params']:,}   FLOPs {s['flops']:,}   depth {s['depth']}   "
-        f"terminals {s['terminals']}   output {s['output']}"
-    )
+    return f"{name}   {checked.stats.summary('   ')}"
 
 
 # ----------------------------------------------------------------------------- derivation tree

@@ -23,6 +23,7 @@ from einspace.tree import (
     Path_,
     Repeat,
     Terminal,
+    TreeVisitor,
     format_terminal,
     to_text,
     walk,
@@ -121,25 +122,28 @@ def _sequence_symbol(node: Node) -> str | None:
     return symbols.pop() if len(symbols) == 1 else None
 
 
-class _Builder:
-    """Builds the unfolded view of a checked tree, counting what it merges."""
+class _Builder(TreeVisitor[View]):
+    """Builds the unfolded view of a checked tree, one handler per node kind, counting what it merges."""
 
     def __init__(self, checked: CheckedTree):
         self.facts = checked.facts
         self.flattened = self.runs = self.run_nodes = self.branches = self.branch_nodes = 0
 
-    def view(self, node: Node, path: Path_) -> View:
-        if isinstance(node, Terminal):
-            return View(Kind.OP, format_terminal(node), path, node, group=_group(node.op))
-        if isinstance(node, Repeat):
-            child = self.view(node.child, (*path, 0))
-            return View(Kind.REPEAT, f"×{node.times}", path, node, (child,), node.times)
-        if isinstance(node, Parallel):
-            items = [(c, (*path, i)) for i, c in enumerate(node.children)]
-            kids, merged, hidden = self.collapse(items)
-            self.branches += merged
-            self.branch_nodes += hidden
-            return View(Kind.PARALLEL, f"{len(node.children)} branches", path, node, kids)
+    def terminal(self, node: Terminal, path: Path_) -> View:
+        return View(Kind.OP, format_terminal(node), path, node, group=_group(node.op))
+
+    def repeat(self, node: Repeat, path: Path_) -> View:
+        child = self.visit(node.child, (*path, 0))
+        return View(Kind.REPEAT, f"×{node.times}", path, node, (child,), node.times)
+
+    def parallel(self, node: Parallel, path: Path_) -> View:
+        items = [(c, (*path, i)) for i, c in enumerate(node.children)]
+        kids, merged, hidden = self.collapse(items)
+        self.branches += merged
+        self.branch_nodes += hidden
+        return View(Kind.PARALLEL, f"{len(node.children)} branches", path, node, kids)
+
+    def nonterminal(self, node: Nonterminal, path: Path_) -> View:
         items: list[tuple[Node, Path_]] = []
         symbol = _sequence_symbol(node)
         flattened = 0
@@ -169,16 +173,16 @@ class _Builder:
         while i < len(items):
             period, reps = _best_run(keys, i)
             if reps == 1:
-                kids.append(self.view(*items[i]))
+                kids.append(self.visit(*items[i]))
                 i += 1
                 continue
             group = items[i : i + period]
             if period == 1:
-                view = self.view(*group[0])
+                view = self.visit(*group[0])
             else:
                 node = Nonterminal("group", tuple(n for n, _ in group))
                 label = f"{period} modules"
-                view = View(Kind.GROUP, label, group[0][1], node, tuple(self.view(*g) for g in group))
+                view = View(Kind.GROUP, label, group[0][1], node, tuple(self.visit(*g) for g in group))
             kids.append(replace(view, times=reps))
             merged += 1
             hidden += (reps - 1) * sum(1 for n, _ in group for _ in walk(n))
@@ -237,7 +241,7 @@ def fold(checked: CheckedTree, fits: Callable[[View], bool] | None = None) -> Fo
     """The view of `checked`; when `fits(view)` is false, subtrees below the deepest depth at
     which it becomes true are folded into boxes (the root alone always fits)."""
     builder = _Builder(checked)
-    full = builder.view(checked.tree, ())
+    full = builder.visit(checked.tree, ())
     tally = dict(
         flattened=builder.flattened,
         runs=builder.runs,

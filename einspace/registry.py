@@ -1,0 +1,136 @@
+"""One generic registry of named things (operations, strategies, evaluators) and building them by name."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import importlib
+import inspect
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+from einspace.errors import EinspaceError, UnknownNameError
+
+T = TypeVar("T")
+
+#: An unknown name without a close match lists the registered names when there are at most this many.
+_LISTED = 12
+
+
+class Registry(Generic[T]):
+    """Entries of one kind by name: a second entry under a name is refused, an unknown name suggests
+    close matches.
+
+    `builtins` names the modules that register the built-in entries as they are imported. They are
+    imported the first time a name is missing or the names are listed, never with the module that
+    holds the registry: so that module imports none of them (no import cycle), and a registry
+    whose built-ins need torch costs nothing until one is looked up.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        builtins: tuple[str, ...] = (),
+        unknown_error: type[UnknownNameError] = UnknownNameError,
+    ):
+        self.kind = kind
+        self.builtins = builtins
+        self.unknown_error = unknown_error
+        self._entries: dict[str, T] = {}
+        self._builtins_loaded = not builtins
+
+    def register(self, entry: T) -> T:
+        """Add `entry` under its `name` attribute and return it, so that `register` serves as a
+        class decorator. Nothing is ever replaced: `unregister` first. An entry from outside the
+        built-in modules loads them first, so that taking a built-in's name fails here, clearly,
+        not later inside the built-in's import."""
+        name = getattr(entry, "name", None)
+        if not isinstance(name, str) or not name:
+            label = getattr(entry, "__name__", type(entry).__name__)
+            raise EinspaceError(f"{label} must set a string `name` to be a registered {self.kind}")
+        if getattr(entry, "__module__", None) not in self.builtins:
+            self.load_builtins()
+        if name in self._entries:
+            raise EinspaceError(f"{self.kind} {name!r} is already registered ({self._entries[name]!r})")
+        self._entries[name] = entry
+        return entry
+
+    def unregister(self, name: str) -> None:
+        """Remove an entry if there is one (for plugins and tests that register temporary ones)."""
+        self._entries.pop(name, None)
+
+    def get(self, name: str) -> T:
+        """The entry called `name`; an unknown name raises `unknown_error` saying what was meant."""
+        if name not in self:
+            raise self.unknown_error(self._unknown_message(name))
+        return self._entries[name]
+
+    def names(self, pattern: str = "*") -> list[str]:
+        """Registered names matching a shell-style pattern, sorted."""
+        self.load_builtins()
+        return sorted(n for n in self._entries if fnmatch.fnmatch(n, pattern))
+
+    def __contains__(self, name: object) -> bool:
+        if name not in self._entries:
+            self.load_builtins()
+        return name in self._entries
+
+    def load_builtins(self) -> None:
+        """Import the built-in modules once; an import that fails is tried again next time."""
+        if self._builtins_loaded:
+            return
+        self._builtins_loaded = True  # first: a built-in module may look names up while it imports
+        try:
+            for module in self.builtins:
+                importlib.import_module(module)
+        except BaseException:
+            self._builtins_loaded = False
+            raise
+
+    def create(self, name: str, settings: Mapping[str, Any] | None, /, *args: Any, **given: Any) -> Any:
+        """The class registered as `name`, called with `args` and `given` (from the caller) and
+        `settings` (from a person). A setting the class does not take is an EinspaceError naming it;
+        what the class raises itself, TypeError included, passes through unchanged, so a bug in a
+        constructor is never reported as a bad setting. Checking values is the class's job."""
+        cls: Any = self.get(name)
+        settings = {} if settings is None else settings
+        _check_settings(f"{self.kind} {name!r}", inspect.signature(cls), settings, args, given)
+        return cls(*args, **given, **settings)
+
+    def _unknown_message(self, name: str) -> str:
+        known = sorted(self._entries)
+        close = difflib.get_close_matches(str(name), known, n=3)
+        if close:
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?"
+        elif len(known) <= _LISTED:
+            hint = f" (registered: {', '.join(known) or 'none'})"
+        else:
+            hint = ""
+        return f"unknown {self.kind} {name!r}{hint}"
+
+
+def check_setting_names(owner: str, names: Iterable[str], known: Sequence[str]) -> None:
+    """Raise EinspaceError for the first of `names` not in `known`, suggesting the closest known one
+    (a typo in an experiment file should stop the run, not silently leave a default in place)."""
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known) or 'none'})"
+            raise EinspaceError(f"unknown setting {name!r} for {owner}{hint}")
+
+
+def _check_settings(
+    owner: str, signature: inspect.Signature, settings: Any, args: tuple[Any, ...], given: dict[str, Any]
+) -> None:
+    """Settings must be a mapping of names the signature takes and the caller does not pass itself
+    (a signature with **kwargs takes any name: its class checks them)."""
+    if not isinstance(settings, Mapping):
+        raise EinspaceError(f"the settings of {owner} must be a mapping, got {settings!r}")
+    passed = set(given) | set(list(signature.parameters)[: len(args)])
+    for key in settings:
+        if key in passed:
+            raise EinspaceError(f"{key!r} is not a setting of {owner}: einspace passes it itself")
+    parameters = signature.parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        takes = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        check_setting_names(owner, settings, [n for n in takes if n not in passed])
