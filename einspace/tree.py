@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from lark import Lark, Transformer, UnexpectedInput, v_args
+from lark.exceptions import VisitError
 
 from einspace.errors import EinspaceError, Location, TreeSyntaxError
 
@@ -327,7 +328,9 @@ def parse_tree(text: str, path: str = "<string>") -> Node:
     try:
         tree = _parser().parse(text)
         return _ToTree().transform(tree)
-    except RecursionError:
+    except (RecursionError, VisitError) as exc:
+        if isinstance(exc, VisitError) and not isinstance(exc.orig_exc, RecursionError):
+            raise  # a bug in the transformer, not the text
         raise TreeSyntaxError(
             f"the tree is nested too deeply to read (Python's recursion limit, {sys.getrecursionlimit()}, "
             "was reached)",

@@ -500,3 +500,20 @@ def test_repeat_statistics_count_structure_once_and_costs_per_copy(paper):
         "flops": 4 * (2 * 3 + 1) * 16 * 1024 + 3 * 16 * 1024,
         "output": "im[16x32x32]",
     }
+
+
+def test_every_nesting_depth_parses_or_is_a_syntax_error():
+    """Around Python's recursion limit either the parser or the transformer into nodes gives
+    out first, depending on the depth and the stack in use: both are one clear error."""
+    outcomes: list[str] = []
+    depth = 300
+    while outcomes[-10:] != ["refused"] * 10:  # every depth up to well past the first refusal
+        depth += 1
+        text = "(S " * depth + "(C identity)" + ")" * depth
+        try:
+            parse_tree(text)
+            outcomes.append("parsed")
+        except TreeSyntaxError as exc:
+            assert "nested too deeply to read" in str(exc)
+            outcomes.append("refused")
+    assert "parsed" in outcomes
