@@ -4,7 +4,7 @@
 #
 #   BUDGET=560 bash benchmarks/gpu_session.sh [PHASE ...]   # default: every phase, in priority order
 #
-# Phases: env gputests pool compiled steps graphs xd mps context tests. Each phase has its own time
+# Phases: env gputests pool compiled profile steps graphs xd mps context tests. Each phase has its own time
 # limit, cut to what is left of BUDGET seconds (default 560), so the script ends inside one command
 # of the device tool; a phase with under 20 s left is skipped. Everything goes to one log,
 # $OUT/session.log (the device tool's output folder; ./gpu_session_out elsewhere), and the pool runs
@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 LOG="$OUT/session.log"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-phases=${*:-env gputests pool compiled steps graphs xd mps context tests}
+phases=${*:-env gputests pool compiled profile steps graphs xd mps context tests}
 
 if ! "$PY" -c "import einspace.search, ray, lark" 2>/dev/null; then
   bash .whl/install.sh 2>&1 | tee -a "$LOG"
@@ -114,6 +114,28 @@ with tempfile.TemporaryDirectory() as tmp:
         per_step = 1000 * m["time/steps"] / (3 * 40 - 1)
         print(f"{mode:<22}{m.get('step_mode_applied', 0):>8.0f}{per_step:>10.3f}{m['time/first_step']:>11.2f}"
               f"{m['time/capture']:>10.2f}{m['valid_accuracy']:>9.3f}")
+EOF
+    ;;
+  profile)  # where the lowered seeds' extra step time goes on the GPU: kernels of one step, each model
+    run profile 90 "$PY" - <<'EOF'
+import sys
+sys.path.insert(0, "benchmarks")
+import torch
+import compiled_vs_handwritten as cvh
+from torch.profiler import ProfilerActivity, profile
+
+cvh.DEVICE = torch.device("cuda")
+for seed in ("mlp_mixer", "resnet18"):
+    models = cvh.build(seed)
+    del models["literal"]
+    x, y = cvh.to_device(models, torch.randn(256, *cvh.SHAPE), torch.randint(0, 10, (256,)))
+    for name, model in models.items():
+        for _ in range(3):
+            cvh.step(model, x, y)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            cvh.step(model, x, y)
+        print(f"== {seed} {name}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
 EOF
     ;;
   compiled)  # lowered seeds against hand-written models per training step (target: <= 1.10x)
