@@ -19,13 +19,22 @@ def bundled_files(folder: str, suffix: str) -> dict[str, Path]:
     return {Path(str(f)).stem: Path(str(f)) for f in root.iterdir() if str(f).endswith(suffix)}
 
 
+def names_bundled(name_or_path: str | Path, bundled: dict[str, Path]) -> bool:
+    """Whether `name_or_path` means a bundled file: a bundled name given as a plain string with no
+    folder and no suffix (a file of that name in the working directory, such as the `einspace`
+    console script in a virtualenv's bin/, is reached as ./einspace)."""
+    plain = isinstance(name_or_path, str) and Path(name_or_path).name == name_or_path
+    return plain and name_or_path in bundled
+
+
 def resolve(name_or_path: str | Path, bundled: dict[str, Path], what: str, plural: str) -> Path:
-    """The path itself when it is a file, else the bundled file of that name; an error lists them."""
+    """The bundled file a bundled name means, else the path itself when it is a file; an error
+    lists the bundled names."""
+    if names_bundled(name_or_path, bundled):
+        return bundled[str(name_or_path)]
     path = Path(name_or_path)
     if path.is_file():
         return path
-    if str(name_or_path) in bundled:
-        return bundled[str(name_or_path)]
     names = ", ".join(sorted(bundled)) or "none"
     raise EinspaceError(f"no {what} file {str(name_or_path)!r} (bundled {plural}: {names})")
 

@@ -244,3 +244,16 @@ def test_load_grammar_is_one_function_under_both_public_names():
     import einspace.grammar
 
     assert einspace.load_grammar is einspace.grammar.load_grammar is load_grammar
+
+
+def test_a_bundled_name_means_the_bundled_file_even_beside_a_file_of_that_name(tmp_path, monkeypatch):
+    """Run in a folder holding a file called `einspace` (a virtualenv's bin/ holds the console
+    script of that name), `einspace` is still the paper's grammar; ./einspace is the file."""
+    from einspace.bundled import grammar_path
+
+    (tmp_path / "einspace").write_text("#!/usr/bin/env python\nimport sys\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_grammar("einspace").start == "S"
+    assert grammar_path("einspace").parent.name == "grammars"
+    with pytest.raises(GrammarSyntaxError, match="unexpected name 'sys'"):
+        load_grammar("./einspace")

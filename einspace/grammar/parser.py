@@ -79,9 +79,9 @@ def parse_grammar(text: str, path: str = "<string>", *, _extending: tuple[Path, 
 def load_grammar(path: str | Path = "einspace", *, _extending: tuple[Path, ...] = ()) -> Grammar:
     """Read and parse a grammar file (and the files it extends), by path or by the name of a
     bundled grammar (`einspace` = the paper's space)."""
-    from einspace.bundled import bundled_grammars
+    from einspace.bundled import bundled_grammars, names_bundled
 
-    if not Path(path).is_file() and str(path) in bundled_grammars():
+    if names_bundled(path, bundled_grammars()):
         path = bundled_grammars()[str(path)]
     try:
         text = Path(path).read_text(encoding="utf-8")
