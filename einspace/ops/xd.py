@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from einspace.ops.core import UnaryOperation
 from einspace.ops.registry import Argument, Group, infeasible, register_op
@@ -133,36 +134,113 @@ class _Axis(NamedTuple):
     matrix: Tensor | None
 
 
-def _along_first(z: Tensor, axis: _Axis, place: int, keep: slice, real: bool) -> Tensor:
-    """Rows `keep` of the butterfly applied along the first axis of z, z zero-extended to n
-    with its entries from index `place`, the new axis put last (the others keep their order);
-    only the real part when `real`. Real z counts as complex with zero imaginary part.
+#: A complex tensor as its real and imaginary parts, the second None for a real tensor.
+Planes = tuple[Tensor, Tensor | None]
 
-    A dense axis is one matrix product, (other axes flattened) x (this axis) times the matrix
-    transposed: the result comes out with the new axis last and no transposing copy, and a
-    real input gives interleaved (re, im) pairs, i.e. a complex tensor, with no conversion."""
-    length, rest = z.shape[0], z.shape[1:]
-    lines = z.reshape(length, -1).T
+
+def _column_major(t: Tensor) -> bool:
+    return t.stride(-2) == 1 and t.stride(-1) != 1
+
+
+def _products(
+    terms: Sequence[tuple[Tensor | None, Tensor | None, int]], like: Tensor | None = None
+) -> Tensor | None:
+    """The sum of sign * a @ b over the terms (a, b, sign) with both factors present, in a fresh
+    tensor laid out as `like` (column-major matrices if it is: the gradient of a transposed view
+    then needs no copy upstream). Each term accumulates in place, with no temporary."""
+    present = [(a, b, sign) for a, b, sign in terms if a is not None and b is not None]
+    if not present:
+        return None
+    if like is not None and _column_major(like):
+        return _products([(b.mT, a.mT, sign) for a, b, sign in present]).mT
+    first, second, _ = present[0]
+    out = first.new_empty(*first.shape[:-1], second.shape[-1])
+    for i, (a, b, sign) in enumerate(present):
+        accumulate = out.addmm_ if out.dim() == 2 else out.baddbmm_
+        accumulate(a, b, beta=1 if i else 0, alpha=sign)
+    return out
+
+
+class _ComplexProduct(torch.autograd.Function):
+    """(ar + i ai) @ (br + i bi) on real planes, as torch.matmul (2-d, or batched 3-d), ai or bi
+    None for a real factor; only the real part when `real`.
+
+    Complex tensors would interleave re/im, so that the layouts the transforms need could only
+    be reached by transposing copies, and their backward conjugates with more copies; real
+    planes take any transposed view as a GEMM operand, and the backward (hand-written, each
+    gradient accumulated in place in the layout of its input) has no copies either."""
+
+    @staticmethod
+    def forward(ctx: Any, ar: Tensor, ai: Tensor | None, br: Tensor, bi: Tensor | None, real: bool) -> Any:
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(ar, ai, br, bi)
+        re = _products([(ar, br, 1), (ai, bi, -1)])
+        return re, None if real else _products([(ar, bi, 1), (ai, br, 1)])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, gr: Tensor | None, gi: Tensor | None) -> Any:
+        # d/dA = G B^H and d/dB = A^H G, with G = gr + i gi.
+        ar, ai, br, bi = ctx.saved_tensors
+        need = ctx.needs_input_grad
+
+        def t(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.mT
+
+        grads = (
+            need[0] and _products([(gr, t(br), 1), (gi, t(bi), 1)], ar),
+            need[1] and _products([(gi, t(br), 1), (gr, t(bi), -1)], ai),
+            need[2] and _products([(t(ar), gr, 1), (t(ai), gi, 1)], br),
+            need[3] and _products([(t(ar), gi, 1), (t(ai), gr, -1)], bi),
+        )
+        return *(g if isinstance(g, Tensor) else None for g in grads), None
+
+
+def _complex_mm(a: Planes, b: Planes, real: bool = False) -> Planes:
+    return _ComplexProduct.apply(*a, *b, real)
+
+
+def _planes(a: Tensor) -> Planes:
+    return a.real, a.imag
+
+
+def _staged(lines: Tensor, axis: _Axis, place: int, keep: slice) -> Tensor:
+    """Rows `keep` of the butterfly applied stage by stage to complex `lines` (..., length), zero-extended
+    to n with their entries from index `place`."""
+    full = lines.new_zeros(*lines.shape[:-1], axis.n)
+    full[..., place : place + lines.shape[-1]] = lines
+    return butterfly(full, axis.twiddles)[..., keep]
+
+
+def _complex(z: Planes) -> Tensor:
+    re, im = z
+    return re.to(torch.promote_types(re.dtype, torch.complex64)) if im is None else torch.complex(re, im)
+
+
+def _to_front(z: Planes, axis: _Axis, place: int) -> Planes:
+    """The butterfly along z's last axis (zero-extended to n with its entries from `place`), its
+    result put first: the M side, a matrix product A @ z^T on the (other axes) x (last axis) view."""
+    length, rest = z[0].shape[-1], z[0].shape[:-1]
     if axis.matrix is None:
-        full = lines.new_zeros(lines.shape[0], axis.n, dtype=axis.twiddles.dtype)
-        full[:, place : place + length] = lines
-        out = butterfly(full, axis.twiddles)[:, keep]
+        out = _staged(_complex(z).reshape(-1, length), axis, place, slice(None)).T
+        z = _planes(out)
     else:
-        a = axis.matrix[keep, place : place + length]
-        if z.is_complex():
-            out = lines @ a.T
-        else:
-            pairs = lines @ torch.stack([a.real.T, a.imag.T], dim=-1).reshape(length, -1)
-            out = torch.view_as_complex(pairs.view(pairs.shape[0], -1, 2))
-    return (out.real if real else out).reshape(*rest, -1)
+        lines = tuple(None if p is None else p.reshape(-1, length).T for p in z)
+        z = _complex_mm(_planes(axis.matrix[:, place : place + length]), lines)
+    return tuple(p.reshape(-1, *rest) for p in z)
 
 
-def _separable(z: Tensor, axes: Sequence[_Axis], place: int, keep: Sequence[slice], real: bool) -> Tensor:
-    """The Kronecker product of per-axis butterflies applied to the first len(axes) axes of z,
-    one axis at a time; they end last, in their order. `real` keeps only the real part."""
-    for a, axis in enumerate(axes):
-        z = _along_first(z, axis, place, keep[a], real and a == len(axes) - 1)
-    return z
+def _to_back(z: Planes, axis: _Axis, keep: slice, real: bool) -> Planes:
+    """Rows `keep` of the butterfly along z's first axis, its result put last: the K side, z^T @ A^T
+    on the (first axis) x (other axes) view; only the real part when `real`."""
+    length, rest = z[0].shape[0], z[0].shape[1:]
+    if axis.matrix is None:
+        out = _staged(_complex(z).reshape(length, -1).T, axis, 0, keep)
+        z = (out.real, None if real else out.imag)
+    else:
+        lines = tuple(p.reshape(length, -1).T for p in z)
+        z = _complex_mm(lines, tuple(p.T for p in _planes(axis.matrix[keep])), real)
+    return tuple(None if p is None else p.reshape(*rest, -1) for p in z)
 
 
 # ----------------------------------------------------------------------------- geometry and costs
@@ -311,28 +389,34 @@ class XDConv(nn.Module):
         return xd
 
     def _butterflies(self) -> tuple[list[_Axis], list[_Axis], list[_Axis]]:
-        """Per-axis K, L and M; a dense axis multiplies out its three matrices in one batch."""
+        """Per-axis K, L and M; a dense axis multiplies out K and M in one batch (of L only the
+        first k columns are used, `_diagonal` computes them from the twiddles)."""
         sizes = [n // 2 * (n.bit_length() - 1) for n in self.fourier]
         split = [torch.view_as_complex(p).split(sizes) for p in (self.K, self.L, self.M)]
-        per_axis = zip(*split, strict=True)
         k_axes, l_axes, m_axes = [], [], []
-        for n, twiddles in zip(self.fourier, per_axis, strict=True):
-            stacked = torch.stack(twiddles).reshape(3, n.bit_length() - 1, n // 2, 2, 2)
-            matrices = butterfly_matrix(stacked, n) if n <= DENSE_MAX else (None, None, None)
-            for axes, t, matrix in zip((k_axes, l_axes, m_axes), stacked, matrices, strict=True):
-                axes.append(_Axis(n, t, matrix))
+        for n, *twiddles in zip(self.fourier, *split, strict=True):
+            k, ell, m = (t.reshape(n.bit_length() - 1, n // 2, 2, 2) for t in twiddles)
+            matrices = butterfly_matrix(torch.stack([k, m]), n) if n <= DENSE_MAX else (None, None)
+            k_axes.append(_Axis(n, k, matrices[0]))
+            l_axes.append(_Axis(n, ell, None))
+            m_axes.append(_Axis(n, m, matrices[1]))
         return k_axes, l_axes, m_axes
 
-    def _diagonal(self, l_axes: Sequence[_Axis]) -> Tensor:
-        """C (L w + b) for every frequency, as (prod(n), c_in, c_out): what multiplies M x."""
-        spatial = len(self.fourier)
-        every = [slice(None)] * spatial
-        filters = self.weight.permute(*range(2, 2 + spatial), 1, 0)  # (*k, c_in, c_out)
-        filters = _separable(filters, l_axes, 0, every, real=False)
-        filters = filters.permute(*range(2, 2 + spatial), 0, 1)  # (*n, c_in, c_out)
-        b = torch.view_as_complex(self.b).reshape(*self.fourier, 1, 1)
-        diagonal = (filters + b) * torch.view_as_complex(self.C).T
-        return diagonal.reshape(-1, self.in_channels, self.out_channels).contiguous()
+    def _diagonal(self, l_axes: Sequence[_Axis]) -> Planes:
+        """C (L w + b) for every frequency, as planes (prod(n), c_in, c_out): what multiplies M x.
+
+        L w + b is linear in the k^N taps of w and in b: one product (prod(n), J) @ (J, c_in c_out),
+        J = k^N + 1, of the Kronecker product of the axes' first k columns of L (a butterfly of k
+        unit vectors) beside b, and the taps gated by C beside C itself."""
+        like = {"dtype": l_axes[0].twiddles.dtype, "device": l_axes[0].twiddles.device}
+        columns = [butterfly(torch.eye(self.kernel_size, a.n, **like), a.twiddles) for a in l_axes]
+        bias = torch.view_as_complex(self.b).reshape(1, -1)
+        left = torch.cat([functools.reduce(torch.kron, columns), bias])
+        gates = torch.view_as_complex(self.C).T  # (c_in, c_out)
+        taps = self.weight.reshape(self.out_channels, self.in_channels, -1).permute(2, 1, 0)
+        right = torch.cat([taps * gates, gates[None]]).reshape(len(left), -1)
+        diagonal = _complex_mm(_planes(left.T), _planes(right))
+        return tuple(p.view(-1, self.in_channels, self.out_channels) for p in diagonal)
 
     def forward(self, x: Tensor) -> Tensor:
         # Complex products have no reduced-precision kernels: under autocast (mixed-precision
@@ -346,22 +430,26 @@ class XDConv(nn.Module):
     def _xd(self, x: Tensor) -> Tensor:
         spatial = len(self.fourier)
         k_axes, l_axes, m_axes = self._butterflies()
-        # Spatial axes first; each transform then consumes the first axis and appends its result.
-        if self.channels_last:
-            z = x.permute(*range(1, 1 + spatial), 0, 1 + spatial)
-        else:
-            z = x.permute(*range(2, 2 + spatial), 0, 1)
-        batch = z.shape[spatial]
-        z = _separable(z, m_axes, self.padding, [slice(None)] * spatial, real=False)
-        # (batch, c_in, *n): the channels mix at each frequency, a (batch x c_in) @ (c_in x c_out)
-        # product (bmm copies non-contiguous operands matrix by matrix, hence `contiguous`).
-        z = z.reshape(batch, self.in_channels, -1).permute(2, 0, 1).contiguous()
-        z = torch.bmm(z, self._diagonal(l_axes)).reshape(*self.fourier, batch, self.out_channels)
-        rows = [slice(0, (out - 1) * self.stride + 1, self.stride) for out in self.out_size]
-        z = _separable(z, k_axes, 0, rows, real=True)  # (batch, c_out, *out)
+        batch = x.shape[0]
+        # M, last spatial axis first: each transform consumes the last axis and puts its result
+        # first, so that (B, c_in, *input) ends as (*n, B, c_in), frequency-major as the
+        # channel mix wants it, with no transposing copy (a GEMM reads transposed operands).
+        z: Planes = (x.movedim(-1, 1) if self.channels_last else x, None)
+        for axis in reversed(m_axes):
+            z = _to_front(z, axis, self.padding)
+        # The channels mix at each frequency: a batch of (B x c_in) @ (c_in x c_out) products.
+        z = tuple(p.reshape(-1, batch, self.in_channels) for p in z)
+        z = _complex_mm(z, self._diagonal(l_axes))
+        z = tuple(p.reshape(*self.fourier, batch, self.out_channels) for p in z)
+        # K, first axis first, each result put last: (*n, B, c_out) -> (B, c_out, *out), cropped to
+        # the output rows (with the stride) and, on the last axis, to the real part.
+        for a, (axis, out) in enumerate(zip(k_axes, self.out_size, strict=True)):
+            rows = slice(0, (out - 1) * self.stride + 1, self.stride)
+            z = _to_back(z, axis, rows, real=a == spatial - 1)
+        y = z[0]
         if self.bias is not None:
-            z = z + self.bias.reshape(-1, *[1] * spatial)
-        return z.movedim(1, -1) if self.channels_last else z
+            y = y + self.bias.reshape(-1, *[1] * spatial)
+        return y.movedim(1, -1) if self.channels_last else y
 
     def extra_repr(self) -> str:
         return (
