@@ -24,6 +24,12 @@ decimation-in-time FFT when initialised to its twiddles). Small axes apply it as
 multiplied out once per forward pass (it does not depend on the batch, and a matrix product
 is much faster on CPU than log2(n) elementwise passes); larger axes apply the factors one at
 a time, in O(n log n).
+
+The dense products run in real arithmetic on separate real and imaginary planes
+(`_ComplexProduct`): a GEMM reads a transposed view of its operands for free, so each axis'
+transform consumes one end of the tensor's axes and puts its result at the other, and
+(B, c_in, *input) reaches the frequency-major (*n, B, c_in) of the channel mix, and from there
+(B, c_out, *out), with no transposing copy, in forward or backward.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ __all__ = [
 #: Axes of at most this many points apply their butterfly as a dense matrix (faster on CPU up
 #: to at least 1024 points; the stage-by-stage form saves the n x n matrix beyond).
 DENSE_MAX = 2048
+#: MKL's GEMM (measured on an AMD EPYC, one thread) is several times slower at a long result of
+#: fewer columns than this (the K side of a strided XD: 7 columns) than at its transpose.
+NARROW = 16
 #: Sizes of spatial axes.
 Sizes = tuple[int, ...]
 
@@ -139,6 +148,7 @@ Planes = tuple[Tensor, Tensor | None]
 
 
 def _column_major(t: Tensor) -> bool:
+    """Whether t's matrices are stored transposed (a GEMM reads them so at no cost)."""
     return t.stride(-2) == 1 and t.stride(-1) != 1
 
 
@@ -147,13 +157,16 @@ def _products(
 ) -> Tensor | None:
     """The sum of sign * a @ b over the terms (a, b, sign) with both factors present, in a fresh
     tensor laid out as `like` (column-major matrices if it is: the gradient of a transposed view
-    then needs no copy upstream). Each term accumulates in place, with no temporary."""
+    then needs no copy upstream). Each term accumulates in place, with no temporary; a long
+    matrix of fewer than `NARROW` columns is computed transposed and copied back."""
     present = [(a, b, sign) for a, b, sign in terms if a is not None and b is not None]
     if not present:
         return None
     if like is not None and _column_major(like):
         return _products([(b.mT, a.mT, sign) for a, b, sign in present]).mT
     first, second, _ = present[0]
+    if first.dim() == 2 and second.shape[-1] < NARROW <= first.shape[-2]:
+        return _products([(b.mT, a.mT, sign) for a, b, sign in present]).mT.contiguous()
     out = first.new_empty(*first.shape[:-1], second.shape[-1])
     for i, (a, b, sign) in enumerate(present):
         accumulate = out.addmm_ if out.dim() == 2 else out.baddbmm_
@@ -165,13 +178,15 @@ class _ComplexProduct(torch.autograd.Function):
     """(ar + i ai) @ (br + i bi) on real planes, as torch.matmul (2-d, or batched 3-d), ai or bi
     None for a real factor; only the real part when `real`.
 
-    Complex tensors would interleave re/im, so that the layouts the transforms need could only
-    be reached by transposing copies, and their backward conjugates with more copies; real
-    planes take any transposed view as a GEMM operand, and the backward (hand-written, each
-    gradient accumulated in place in the layout of its input) has no copies either."""
+    Complex tensors interleave re/im: the layouts the transforms need would take transposing
+    copies, and their backward conjugates with more. Planes are plain GEMM operands in any
+    transposed view, and the hand-written backward accumulates each gradient in place, in the
+    layout of its input, so that autograd adds no copies or sums of its own."""
 
     @staticmethod
-    def forward(ctx: Any, ar: Tensor, ai: Tensor | None, br: Tensor, bi: Tensor | None, real: bool) -> Any:
+    def forward(
+        ctx: Any, ar: Tensor, ai: Tensor | None, br: Tensor, bi: Tensor | None, real: bool
+    ) -> tuple[Tensor, Tensor | None]:
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(ar, ai, br, bi)
         re = _products([(ar, br, 1), (ai, bi, -1)])
@@ -187,13 +202,13 @@ class _ComplexProduct(torch.autograd.Function):
         def t(x: Tensor | None) -> Tensor | None:
             return None if x is None else x.mT
 
-        grads = (
-            need[0] and _products([(gr, t(br), 1), (gi, t(bi), 1)], ar),
-            need[1] and _products([(gi, t(br), 1), (gr, t(bi), -1)], ai),
-            need[2] and _products([(t(ar), gr, 1), (t(ai), gi, 1)], br),
-            need[3] and _products([(t(ar), gi, 1), (t(ai), gr, -1)], bi),
+        return (
+            _products([(gr, t(br), 1), (gi, t(bi), 1)], ar) if need[0] else None,
+            _products([(gi, t(br), 1), (gr, t(bi), -1)], ai) if need[1] else None,
+            _products([(t(ar), gr, 1), (t(ai), gi, 1)], br) if need[2] else None,
+            _products([(t(ar), gi, 1), (t(ai), gr, -1)], bi) if need[3] else None,
+            None,
         )
-        return *(g if isinstance(g, Tensor) else None for g in grads), None
 
 
 def _complex_mm(a: Planes, b: Planes, real: bool = False) -> Planes:
@@ -201,10 +216,11 @@ def _complex_mm(a: Planes, b: Planes, real: bool = False) -> Planes:
 
 
 def _planes(a: Tensor) -> Planes:
-    return a.real, a.imag
+    """A small complex matrix as contiguous planes (GEMMs want unit-stride operands)."""
+    return a.real.contiguous(), a.imag.contiguous()
 
 
-def _staged(lines: Tensor, axis: _Axis, place: int, keep: slice) -> Tensor:
+def _staged(lines: Tensor, axis: _Axis, place: int, keep: slice = slice(None)) -> Tensor:
     """Rows `keep` of the butterfly applied stage by stage to complex `lines` (..., length), zero-extended
     to n with their entries from index `place`."""
     full = lines.new_zeros(*lines.shape[:-1], axis.n)
@@ -212,7 +228,15 @@ def _staged(lines: Tensor, axis: _Axis, place: int, keep: slice) -> Tensor:
     return butterfly(full, axis.twiddles)[..., keep]
 
 
+def _first_columns(axis: _Axis, k: int) -> Tensor:
+    """The butterfly's first k columns as rows (k, n): it applied to the first k unit vectors."""
+    if axis.matrix is not None:
+        return axis.matrix[:, :k].T
+    return _staged(torch.eye(k, dtype=axis.twiddles.dtype, device=axis.twiddles.device), axis, 0)
+
+
 def _complex(z: Planes) -> Tensor:
+    """Planes as one complex tensor, for the stage-by-stage path."""
     re, im = z
     return re.to(torch.promote_types(re.dtype, torch.complex64)) if im is None else torch.complex(re, im)
 
@@ -222,8 +246,8 @@ def _to_front(z: Planes, axis: _Axis, place: int) -> Planes:
     result put first: the M side, a matrix product A @ z^T on the (other axes) x (last axis) view."""
     length, rest = z[0].shape[-1], z[0].shape[:-1]
     if axis.matrix is None:
-        out = _staged(_complex(z).reshape(-1, length), axis, place, slice(None)).T
-        z = _planes(out)
+        out = _staged(_complex(z).reshape(-1, length), axis, place).T
+        z = (out.real, out.imag)
     else:
         lines = tuple(None if p is None else p.reshape(-1, length).T for p in z)
         z = _complex_mm(_planes(axis.matrix[:, place : place + length]), lines)
@@ -389,33 +413,31 @@ class XDConv(nn.Module):
         return xd
 
     def _butterflies(self) -> tuple[list[_Axis], list[_Axis], list[_Axis]]:
-        """Per-axis K, L and M; a dense axis multiplies out K and M in one batch (of L only the
-        first k columns are used, `_diagonal` computes them from the twiddles)."""
+        """Per-axis K, L and M; a dense axis multiplies out its three matrices in one batch."""
         sizes = [n // 2 * (n.bit_length() - 1) for n in self.fourier]
         split = [torch.view_as_complex(p).split(sizes) for p in (self.K, self.L, self.M)]
+        per_axis = zip(*split, strict=True)
         k_axes, l_axes, m_axes = [], [], []
-        for n, *twiddles in zip(self.fourier, *split, strict=True):
-            k, ell, m = (t.reshape(n.bit_length() - 1, n // 2, 2, 2) for t in twiddles)
-            matrices = butterfly_matrix(torch.stack([k, m]), n) if n <= DENSE_MAX else (None, None)
-            k_axes.append(_Axis(n, k, matrices[0]))
-            l_axes.append(_Axis(n, ell, None))
-            m_axes.append(_Axis(n, m, matrices[1]))
+        for n, twiddles in zip(self.fourier, per_axis, strict=True):
+            stacked = torch.stack(twiddles).reshape(3, n.bit_length() - 1, n // 2, 2, 2)
+            matrices = butterfly_matrix(stacked, n) if n <= DENSE_MAX else (None, None, None)
+            for axes, t, matrix in zip((k_axes, l_axes, m_axes), stacked, matrices, strict=True):
+                axes.append(_Axis(n, t, matrix))
         return k_axes, l_axes, m_axes
 
     def _diagonal(self, l_axes: Sequence[_Axis]) -> Planes:
         """C (L w + b) for every frequency, as planes (prod(n), c_in, c_out): what multiplies M x.
 
         L w + b is linear in the k^N taps of w and in b: one product (prod(n), J) @ (J, c_in c_out),
-        J = k^N + 1, of the Kronecker product of the axes' first k columns of L (a butterfly of k
-        unit vectors) beside b, and the taps gated by C beside C itself."""
-        like = {"dtype": l_axes[0].twiddles.dtype, "device": l_axes[0].twiddles.device}
-        columns = [butterfly(torch.eye(self.kernel_size, a.n, **like), a.twiddles) for a in l_axes]
+        J = k^N + 1, of the Kronecker product of the axes' first k columns of L beside b, and the
+        taps gated by C beside C itself."""
+        columns = [_first_columns(a, self.kernel_size) for a in l_axes]
         bias = torch.view_as_complex(self.b).reshape(1, -1)
-        left = torch.cat([functools.reduce(torch.kron, columns), bias])
+        left = torch.cat([functools.reduce(torch.kron, columns), bias])  # (J, prod(n))
         gates = torch.view_as_complex(self.C).T  # (c_in, c_out)
         taps = self.weight.reshape(self.out_channels, self.in_channels, -1).permute(2, 1, 0)
         right = torch.cat([taps * gates, gates[None]]).reshape(len(left), -1)
-        diagonal = _complex_mm(_planes(left.T), _planes(right))
+        diagonal = _complex_mm(tuple(p.T for p in _planes(left)), _planes(right))
         return tuple(p.view(-1, self.in_channels, self.out_channels) for p in diagonal)
 
     def forward(self, x: Tensor) -> Tensor:
