@@ -25,14 +25,18 @@ sizes, widths, ...), reported under the module's path.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from einspace.registry import Registry
+
 __all__ = [
     "ARCHITECTURE",
+    "NETWORK_LOSSES",
     "NetworkLoss",
     "architecture_metrics",
     "architecture_parameters",
@@ -127,31 +131,44 @@ class NetworkLoss(Protocol):
 #: Builds a NetworkLoss from (network, checked tree, options from the settings).
 NetworkLossFactory = Callable[..., NetworkLoss]
 
-_NETWORK_LOSSES: dict[str, NetworkLossFactory] = {}
+class _NamedFactory:
+    """A network loss factory under its registered name, with the factory's signature (the
+    registry checks options against it) and module (a built-in registers without a detour)."""
+
+    def __init__(self, name: str, factory: NetworkLossFactory):
+        self.name, self.factory = name, factory
+        self.__signature__ = inspect.signature(factory)
+        self.__module__ = factory.__module__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NetworkLoss:
+        return self.factory(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"network loss {self.name!r} ({self.__module__})"
+
+
+#: The operation modules that define network losses (DNArch's complexity).
+NETWORK_LOSSES: Registry[_NamedFactory] = Registry("network loss", builtins=("einspace.ops.dnarch",))
 
 
 def register_network_loss(name: str) -> Callable[[NetworkLossFactory], NetworkLossFactory]:
     """Decorator: register a network loss factory `(network, checked, **options) -> NetworkLoss`."""
 
     def register(factory: NetworkLossFactory) -> NetworkLossFactory:
-        if name in _NETWORK_LOSSES:
-            raise ValueError(f"a network loss named {name!r} is already registered")
-        _NETWORK_LOSSES[name] = factory
+        NETWORK_LOSSES.register(_NamedFactory(name, factory))
         return factory
 
     return register
 
 
 def network_losses() -> list[str]:
-    """Names of the registered network losses (after the built-in operations are loaded)."""
-    from einspace.ops.registry import list_ops
-
-    list_ops()  # importing the operation modules registers their network losses
-    return sorted(_NETWORK_LOSSES)
+    """Names of the registered network losses (the built-in ones loaded first)."""
+    return NETWORK_LOSSES.names()
 
 
 def build_network_loss(
     name: str, network: nn.Module, checked: Any, options: Mapping[str, Any]
 ) -> NetworkLoss:
-    """The network loss `name` for one training run, built with `options` from the settings."""
-    return _NETWORK_LOSSES[name](network, checked, **options)
+    """The network loss `name` for one training run, built with `options` from the settings (an
+    option its factory does not take is an error naming it)."""
+    return NETWORK_LOSSES.create(name, options, network, checked)

@@ -58,10 +58,7 @@ class AuxiliaryObjective:
             options = dict(value) if isinstance(value, Mapping) else {"weight": value}
             self.weights[name] = float(options.pop("weight", 1.0))
             if name in network_losses():
-                try:
-                    self.network_losses[name] = build_network_loss(name, network, checked, options)
-                except TypeError as exc:
-                    raise EinspaceError(f"auxiliary loss {name!r}: {exc}") from None
+                self.network_losses[name] = build_network_loss(name, network, checked, options)
         self._sums: dict[str, torch.Tensor] = {}  # tensors: no device sync per step
         self._count = 0
 

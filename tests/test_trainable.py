@@ -18,7 +18,7 @@ from einspace.ops import Group, register_op, unregister_op
 from einspace.ops.core import UnaryOperation
 from einspace.state import FeatureState
 from einspace.trainable import (
-    _NETWORK_LOSSES,
+    NETWORK_LOSSES,
     architecture_metrics,
     architecture_parameters,
     auxiliary_losses,
@@ -80,7 +80,7 @@ def gate_op() -> Iterator[None]:
     register_network_loss("test_gate_total")(GateTotal)
     yield
     unregister_op("test_gate")
-    _NETWORK_LOSSES.pop("test_gate_total")
+    NETWORK_LOSSES.unregister("test_gate_total")
 
 
 TREE = (
@@ -158,8 +158,28 @@ def test_training_adds_weighted_terms_and_reports_them(gate_op: None) -> None:
     assert "aux/test_gate_total" in heavy
 
 
+def test_a_network_loss_factory_s_own_type_error_is_not_reported_as_an_option(gate_op: None) -> None:
+    """The registry checks options against the factory's signature; what the factory raises itself
+    passes through (the same rule as for strategies and evaluators)."""
+    from einspace.trainable import build_network_loss
+
+    def broken(network: nn.Module, checked: object, scale: float = 1.0) -> None:
+        raise TypeError("a bug inside the factory")
+
+    register_network_loss("test_broken")(broken)
+    try:
+        checked = es.check_tree(es.parse_tree(TREE), None, es.input_state((1, 8, 8)))
+        with pytest.raises(TypeError, match="a bug inside the factory"):
+            build_network_loss("test_broken", _network(), checked, {"scale": 2.0})
+        with pytest.raises(EinspaceError, match="already registered"):
+            register_network_loss("test_broken")(broken)
+    finally:
+        NETWORK_LOSSES.unregister("test_broken")
+
+
 def test_unknown_network_loss_options_are_errors(gate_op: None) -> None:
     settings = {**QUICK, "auxiliary_losses": {"test_gate_total": {"weight": 1.0, "targte": 1.0}}}
     checked = es.check_tree(es.parse_tree(TREE), None, es.input_state((1, 8, 8)))
-    with pytest.raises(EinspaceError, match="auxiliary loss 'test_gate_total': .*targte"):
+    wanted = "'targte' for network loss 'test_gate_total'; did you mean 'target'"
+    with pytest.raises(EinspaceError, match=wanted):
         TrainingEvaluator(**settings).evaluate(checked, 0)
