@@ -19,7 +19,6 @@ leaves exactly the PCFG conditioned on validity. `stats` counts drafts and why e
 
 from __future__ import annotations
 
-import random
 import sys
 from bisect import bisect
 from collections import Counter
@@ -27,11 +26,11 @@ from functools import lru_cache
 from itertools import accumulate
 
 from einspace.errors import Infeasible, SamplingError
-from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, SymbolItem
+from einspace.grammar.model import Item, OpItem, ParallelItem, SymbolItem
 from einspace.inside import AbstractSignal, InsideTables, abstract_of, inside_tables
 from einspace.ops.registry import Args, get_op
-from einspace.sampler import Limits, SamplerBase, cyclic_gc_paused
-from einspace.state import RANK_OF_MODE, FeatureState, Signal, describe
+from einspace.sampler import SamplerBase, cyclic_gc_paused
+from einspace.state import RANK_OF_MODE, Signal, describe
 from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, tree_depth
 
 __all__ = ["DRAFTS_PER_ATTEMPT", "ExactSampler"]
@@ -154,17 +153,9 @@ class ExactSampler(SamplerBase):
     >>> tree = sampler.sample()
     """
 
-    def __init__(
-        self,
-        grammar: Grammar,
-        input: FeatureState | Signal,
-        limits: Limits | None = None,
-        random_seed: int | None = None,
-        rng: random.Random | None = None,
-    ):
-        super().__init__(grammar, input, limits, random_seed, rng)
+    def _setup(self) -> None:
         modes = abstract_of(self.input)
-        self.tables: InsideTables = inside_tables(grammar, modes, self.limits.max_depth)
+        self.tables: InsideTables = inside_tables(self.grammar, modes, self.limits.max_depth)
         #: drafts started, trees accepted, and drafts rejected by reason ("shapes", "nodes", ...).
         self.stats: Counter[str] = Counter()
         book = _plan_book(self.tables)
@@ -172,9 +163,9 @@ class ExactSampler(SamplerBase):
         self._infer = book.infer
         self._terminals = book.terminals
         self._preterminals = book.preterminals
-        outputs = self.tables.symbol(grammar.start, modes, self.limits.max_depth)
+        outputs = self.tables.symbol(self.grammar.start, modes, self.limits.max_depth)
         roots = {out: p for out, p in outputs.items() if len(out) == 1}
-        self._roots = [self._plan((grammar.start, modes, self.limits.max_depth, out)) for out in roots]
+        self._roots = [self._plan((self.grammar.start, modes, self.limits.max_depth, out)) for out in roots]
         self._root_weights = list(accumulate(roots.values()))
         self._nodes = 0
         self._params = 0

@@ -9,14 +9,13 @@ makes it the yardstick the exact mode is tested against; it is slow where valid 
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
 from einspace.errors import Infeasible, SamplingError
-from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, SymbolItem
+from einspace.grammar.model import Item, OpItem, ParallelItem, SymbolItem
 from einspace.ops.registry import get_op
-from einspace.sampler import Limits, SamplerBase, cyclic_gc_paused
-from einspace.state import FeatureState, Signal, describe
+from einspace.sampler import SamplerBase, cyclic_gc_paused
+from einspace.state import Signal, describe
 from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal
 
 __all__ = ["RejectionSampler"]
@@ -29,15 +28,7 @@ class _Invalid(Exception):
 class RejectionSampler(SamplerBase):
     """Draws from the PCFG until a draft is valid within `limits` (`max_attempts` x 100 drafts at most)."""
 
-    def __init__(
-        self,
-        grammar: Grammar,
-        input: FeatureState | Signal,
-        limits: Limits | None = None,
-        random_seed: int | None = None,
-        rng: random.Random | None = None,
-    ):
-        super().__init__(grammar, input, limits, random_seed, rng)
+    def _setup(self) -> None:
         #: drafts started and kept, and drafts thrown away by reason.
         self.stats: Counter[str] = Counter()
 

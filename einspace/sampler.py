@@ -104,6 +104,10 @@ class SamplerBase:
         self.input: Signal = (input,) if isinstance(input, FeatureState) else tuple(input)
         self.limits = limits or Limits()
         self.rng = rng if rng is not None else random.Random(random_seed)
+        self._setup()
+
+    def _setup(self) -> None:
+        """What a mode prepares once from the grammar, input and limits (tables, counters)."""
 
     def sample(self) -> Node:
         raise NotImplementedError
@@ -116,20 +120,12 @@ class Sampler(SamplerBase):
     >>> tree = sampler.sample()
     """
 
-    def __init__(
-        self,
-        grammar: Grammar,
-        input: FeatureState | Signal,
-        limits: Limits | None = None,
-        random_seed: int | None = None,
-        rng: random.Random | None = None,
-    ):
-        super().__init__(grammar, input, limits, random_seed, rng)
-        self._min_nodes, self._min_height = _minimum_sizes(grammar)
+    def _setup(self) -> None:
+        self._min_nodes, self._min_height = _minimum_sizes(self.grammar)
         self._alts = {
             (sym, id(rule)): tuple(self._prepare(alt.items, alt.probability) for alt in rule.alternatives)
-            for sym in grammar.nonterminals
-            for rule in grammar.rules_for(sym)
+            for sym in self.grammar.nonterminals
+            for rule in self.grammar.rules_for(sym)
         }
         self._rules: dict[tuple[str, Signal], object] = {}
         self._infer: dict[tuple[str, tuple, Signal], tuple[Signal, int] | None] = {}

@@ -59,12 +59,7 @@ torch.save(results, sys.argv[2])
 """
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run_exported(folder: Path, files: list[Path], payload: dict) -> dict:

@@ -30,12 +30,7 @@ PAPER = load_grammar("einspace")
 HERE = Path(__file__).name
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sequence_form(node: Node) -> Node:

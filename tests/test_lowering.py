@@ -40,14 +40,7 @@ from einspace.tree import Node, Terminal, walk
 PAPER = load_grammar("einspace")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These networks are tiny: a thread pool only adds synchronisation, which on a busy
-    machine (other jobs on the cores) made this module 7x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- tree text helpers

@@ -44,15 +44,6 @@ def grammar():
     return load_grammar("einspace")
 
 
-@pytest.fixture
-def one_thread():
-    """Batches of 2: a thread pool only adds synchronisation, on a machine whose cores are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_bundled_seeds_are_the_builders():
     """Each seed file holds its builder's tree, as text and as the tree read back from it."""
     assert list_seeds() == sorted(SEEDS)

@@ -25,7 +25,7 @@ ARCHITECTURE = {"K", "L", "M", "b", "C"}
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
+def _seeded_single_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     torch.manual_seed(0)
