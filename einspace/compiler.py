@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from einops import reduce
 from torch import nn
 
 from einspace.checker import CheckedTree, check_tree
@@ -34,12 +33,14 @@ class ClassificationHead(nn.Module):
         super().__init__()
         if classes < 1:
             raise EinspaceError(f"a classifier needs at least one class, got {classes}")
-        self.pattern = "b c h w -> b c" if len(features.shape) == 3 else "b s d -> b d"
-        width = features.shape[0] if len(features.shape) == 3 else features.shape[-1]
-        self.linear = nn.Linear(width, classes)
+        image = len(features.shape) == 3
+        #: The averaged axes, reduced where they lie: moving S last first (as an einops
+        #: reduction does) hands the last layer a transposed gradient to copy.
+        self.pooled = (2, 3) if image else (1,)
+        self.linear = nn.Linear(features.shape[0] if image else features.shape[-1], classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(reduce(x, self.pattern, "mean"))
+        return self.linear(x.mean(self.pooled))
 
 
 class Network(nn.Module):

@@ -347,7 +347,7 @@ class _Writer:
             raise EinspaceError(f"export writes the paper's classification head, not {type(head).__name__}")
         slots = (("in_features", head.linear.in_features), ("classes", head.linear.out_features))
         layer = root.add("head", "nn.Linear({}, {})", slots, head.linear.state_dict(), numbered=False)
-        pool = "mean((2, 3))" if head.pattern.startswith("b c h w") else "mean(1)"
+        pool = "mean((2, 3))" if head.pooled == (2, 3) else "mean(1)"
         root.line(f"return {layer}({x}.{pool})")
         return root
 

@@ -447,6 +447,27 @@ def test_every_seed_has_its_expected_kernels():
     assert set(SEED_KERNELS) == set(list_seeds())
 
 
+def test_mixer_activations_stay_dense():
+    """The token MLP ends in a transposed view; its residual sum must still come out dense, or
+    every later layer norm reads (and its backward writes) a transposed tensor, as the hand-written
+    Mixer's never does. The sum is the same floats either way."""
+    torch.manual_seed(0)
+    x = input_state((3, 32, 32))
+    network = compile_network(check_tree(arch.mlp_mixer(layers=2, width=32, tokens=64), PAPER, x), classes=3)
+    sums, norms = [], []
+    for module in network.modules():
+        if type(module).__name__ == "Add":
+            module.register_forward_hook(lambda m, xs, out: sums.append((xs[0], out)))
+        if isinstance(module, nn.LayerNorm):
+            module.register_forward_pre_hook(lambda m, xs: norms.append(xs[0]))
+    network(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert len(sums) == 4 and len(norms) >= 4
+    assert all(out.is_contiguous() for _, out in sums) and all(n.is_contiguous() for n in norms)
+    branches, out = sums[0]
+    assert not branches[0].is_contiguous()  # the case this guards: a transposed first branch
+    assert torch.equal(out, branches[0] + branches[1])
+
+
 # ----------------------------------------------------------------------------- random trees
 
 RANDOM_INPUTS = [(3, 16, 16), (2, 12, 20), (16, 32), (3, 9, 14)]

@@ -126,6 +126,82 @@ def test_stage_by_stage_path_is_the_convolution_too(monkeypatch, k: int, s: int,
     _check_against_conv(k, s, p, dims)
 
 
+# ----------------------------------------------------------------------------- any parameters
+
+
+def _axis_matrices(packed: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
+    """Each axis' dense complex butterfly from the packed twiddles (sum of log2(n) n/2, 2, 2, 2),
+    column j being `butterfly` applied to the unit vector e_j."""
+    stages = [n.bit_length() - 1 for n in sizes]
+    twiddles = torch.view_as_complex(packed).split([s * (n // 2) for n, s in zip(sizes, stages)])
+    return [
+        butterfly(torch.eye(n, dtype=torch.complex128), t.reshape(s, n // 2, 2, 2)).T
+        for n, s, t in zip(sizes, stages, twiddles)
+    ]
+
+
+def _along_axes(matrices: list[torch.Tensor], z: torch.Tensor) -> torch.Tensor:
+    """Each matrix applied along its spatial axis of z (..., n_1, ..., n_N)."""
+    first = z.dim() - len(matrices)
+    for a, matrix in enumerate(matrices):
+        z = (z.movedim(first + a, -1) @ matrix.T).movedim(-1, first + a)
+    return z
+
+
+def _reference_xd(xd: XDConv, x: torch.Tensor) -> torch.Tensor:
+    """Real(K diag(C (L w + b)) M x) + bias in plain complex arithmetic, from the definition:
+    input and filter zero-padded to the Fourier sizes (the input shifted by p), the output
+    cropped to every s-th of its first rows."""
+    k_axes, l_axes, m_axes = (_axis_matrices(p, xd.fourier) for p in (xd.K, xd.L, xd.M))
+    x = x.movedim(-1, 1) if xd.channels_last else x
+    p = xd.padding
+    x_pad = [(p, n - size - p) for size, n in zip(xd.input_size, xd.fourier)]
+    w_pad = [(0, n - xd.kernel_size) for n in xd.fourier]
+    image = F.pad(x, [e for pair in reversed(x_pad) for e in pair]).to(torch.complex128)
+    taps = F.pad(xd.weight, [e for pair in reversed(w_pad) for e in pair]).to(torch.complex128)
+    spatial = [None] * len(xd.fourier)
+    gates = torch.view_as_complex(xd.C)[(..., *spatial)]
+    diagonal = gates * (_along_axes(l_axes, taps) + torch.view_as_complex(xd.b))
+    mixed = torch.einsum("bi...,oi...->bo...", _along_axes(m_axes, image), diagonal)
+    rows = [slice(0, (out - 1) * xd.stride + 1, xd.stride) for out in xd.out_size]
+    y = _along_axes(k_axes, mixed)[(..., *rows)].real + xd.bias[(..., *spatial)]
+    return y.movedim(1, -1) if xd.channels_last else y
+
+
+@pytest.mark.parametrize(
+    "spatial, k, s, p, channels_last, dense",
+    [
+        ((13,), 3, 1, 1, False, True),
+        ((13,), 3, 2, 1, True, True),
+        ((6, 11), 3, 1, 1, False, True),
+        ((7, 12), 4, 2, 0, False, True),
+        ((6, 11), 3, 2, 1, False, False),
+    ],
+)
+def test_any_parameters_match_an_independent_complex_computation(
+    monkeypatch, spatial: tuple[int, ...], k: int, s: int, p: int, channels_last: bool, dense: bool
+):
+    """Every parameter random (far from the warm start): the output and the gradients of the
+    input and of every parameter equal plain complex autograd through the definition."""
+    if not dense:
+        monkeypatch.setattr(xd_module, "DENSE_MAX", 0)
+    xd = XDConv(3, 4, k, spatial, stride=s, padding=p, channels_last=channels_last, dtype=torch.float64)
+    with torch.no_grad():
+        for param in xd.parameters():
+            param.copy_(torch.randn_like(param))
+    shape = (2, *spatial, 3) if channels_last else (2, 3, *spatial)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    names, params = zip(*xd.named_parameters())
+    out, ref = xd(x), _reference_xd(xd, x)
+    assert out.shape == ref.shape
+    assert relative(out, ref) < 1e-9
+    upstream = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, (x, *params), upstream)
+    ref_grads = torch.autograd.grad(ref, (x, *params), upstream)
+    for name, grad, ref_grad in zip(("input", *names), grads, ref_grads):
+        assert relative(grad, ref_grad) < 1e-9, name
+
+
 def test_runs_in_full_precision_under_autocast():
     """Mixed-precision training autocasts the layers around it; the XD-operation itself stays
     in its parameters' precision (complex products have no reduced-precision kernels)."""

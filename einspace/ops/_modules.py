@@ -53,13 +53,25 @@ class MatMul(nn.Module):
         return "" if self.scale is None else f"scale={self.scale:.4g}"
 
 
+def _dense(x: torch.Tensor) -> bool:
+    """Whether x is laid out as a fresh tensor is: row-major, or channels-last for images."""
+    return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+
+
 class Add(nn.Module):
-    """Sum of all branches."""
+    """Sum of all branches, in branch order.
+
+    A sum takes the memory layout of its first operand. When a branch ends in a transposed
+    view (the Mixer's token MLP: permute · linear · permute) and the shortcut does not, the
+    shortcut goes first, so that the sum, and everything after it, stays dense: otherwise
+    the next layer norm and its backward read a transposed tensor (a copy, and slower
+    kernels). a + b and b + a are the same floats, so only the layout changes.
+    """
 
     def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
         out = xs[0]
         for x in xs[1:]:
-            out = out + x
+            out = x + out if _dense(x) and not _dense(out) else out + x
         return out
 
 
