@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tree_samples import cheap, sampled_trees
 
-from einspace import Limits, Sampler, Variation, check_tree, compile_network, load_grammar, parse_tree
+from einspace import Limits, Variation, check_tree, compile_network, load_grammar, parse_tree
 from einspace import architectures as arch
 from einspace.checker import CheckedTree
 from einspace.cli import main
-from einspace.errors import EinspaceError, SamplingError
+from einspace.errors import EinspaceError
 from einspace.export import class_name, export_networks, export_tree, load_weights, save_weights
 from einspace.ops import Group, Operation, register_op, unregister_op
 from einspace.seeds import list_seeds, load_seed
@@ -232,25 +233,14 @@ MUTANTS = Limits(max_depth=30, max_nodes=600, max_params=200_000)
 
 
 def _cheap(checked: CheckedTree) -> bool:
-    """Runs in milliseconds in float64: few FLOPs and module instances (repeats multiply them)."""
-    instances = sum(checked.facts[p].copies for p, n in walk(checked.tree) if isinstance(n, Terminal))
-    return checked.flops <= 5e6 and instances <= 300
+    """Runs in milliseconds in float64."""
+    return cheap(checked, max_flops=5e6, max_instances=300)
 
 
 def _sampled(grammar, count: int, salt: int) -> list[CheckedTree]:
-    trees: list[CheckedTree] = []
-    seed = salt
-    while len(trees) < count:
-        seed += 1
-        x = input_state(RANDOM_INPUTS[seed % len(RANDOM_INPUTS)])
-        try:
-            tree = Sampler(grammar, x, SMALL, random_seed=seed).sample()
-        except SamplingError:
-            continue
-        checked = check_tree(tree, grammar, x)
-        if _cheap(checked):
-            trees.append(checked)
-    return trees
+    return sampled_trees(
+        grammar, RANDOM_INPUTS, SMALL, count, max_flops=5e6, max_instances=300, first_seed=salt + 1
+    )
 
 
 def _mutants(per_seed: int) -> list[CheckedTree]:

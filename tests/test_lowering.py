@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 from torch import nn
+from tree_samples import cheap, sampled_trees
 
 from einspace import (
     Limits,
@@ -30,12 +31,12 @@ from einspace import (
 )
 from einspace import architectures as arch
 from einspace.checker import CheckedTree
-from einspace.errors import SamplingError, VariationError
+from einspace.errors import VariationError
 from einspace.grammar.model import OpItem
 from einspace.lowering import Folded, Kernel, lowered_kernels
 from einspace.seeds import list_seeds, load_seed
 from einspace.state import input_state
-from einspace.tree import Node, Terminal, walk
+from einspace.tree import Node
 
 PAPER = load_grammar("einspace")
 
@@ -477,28 +478,13 @@ KINDS = ("conv", "patch_embed", "attention", "multi_head_attention", "branch_lin
 
 
 def _small(checked: CheckedTree) -> bool:
-    """Cheap to run literally: few FLOPs and few module instances (nested repeats multiply
-    them: the tree limits count nodes, not the copies a repeat makes)."""
-    instances = sum(checked.facts[p].copies for p, n in walk(checked.tree) if isinstance(n, Terminal))
-    return checked.flops <= 2e7 and instances <= 500
+    """Cheap to run literally in float64."""
+    return cheap(checked, max_flops=2e7, max_instances=500)
 
 
 def _random_trees(count: int) -> list[CheckedTree]:
-    """`count` small sampled trees (deterministic), cheap enough to run literally in float64."""
-    trees: list[CheckedTree] = []
-    seed = 0
-    while len(trees) < count:
-        shape = RANDOM_INPUTS[seed % len(RANDOM_INPUTS)]
-        x = input_state(shape)
-        seed += 1
-        try:
-            tree = Sampler(PAPER, x, RANDOM_LIMITS, random_seed=seed).sample()
-        except SamplingError:
-            continue
-        checked = check_tree(tree, PAPER, x)
-        if _small(checked):
-            trees.append(checked)
-    return trees
+    """`count` small sampled trees (deterministic)."""
+    return sampled_trees(PAPER, RANDOM_INPUTS, RANDOM_LIMITS, count, max_flops=2e7, max_instances=500)
 
 
 def test_random_trees_agree():
