@@ -392,7 +392,10 @@ class _Writer:
         ]
         passing = "x" in ends  # a branch that leaves x as it is: a shortcut
         if isinstance(merge, _modules.Add):
-            kind, joined, how = ("Residual" if b == 2 else "Sum"), " + ".join(ends), "added"
+            # x first: a sum takes its first operand's layout, and a branch may end transposed
+            # (the Mixer's token MLP); x + y and y + x are the same floats.
+            order = ends[::-1] if b == 2 and ends[1] == "x" else ends
+            kind, joined, how = ("Residual" if b == 2 else "Sum"), " + ".join(order), "added"
         elif isinstance(merge, _modules.Concat):
             kind, how = ("Dense" if passing else "Concat"), f"concatenated along dim {merge.dim}"
             joined = f"torch.cat([{', '.join(ends)}], dim={merge.dim})"

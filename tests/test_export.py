@@ -171,11 +171,28 @@ def test_the_resnet18_export_reads_like_a_resnet():
     assert "    def __init__(self, channels: int) -> None:" in lines
     assert "    def __init__(self, in_channels: int, out_channels: int) -> None:" in lines
     assert "        self.conv3 = nn.Conv2d(in_channels, out_channels, 1, 2, 0)" in lines
-    assert "        return x1 + x" in lines  # the identity shortcut
+    assert "        return x + x1" in lines  # the identity shortcut, first
     assert "        self.residual3 = Residual2(64, 128)" in lines
     assert source.count("nn.Conv2d(") == 2 + 2 + 3  # the stem, Residual, Residual2 (with its shortcut)
     assert "    def __init__(self, classes: int = 10) -> None:" in lines
     assert lines[-1] == "        return self.head(x.mean((2, 3)))"
+
+
+def test_exported_mixer_keeps_its_activations_dense():
+    """The token MLP ends transposed; the residual sum writes x first, so that on channels-last
+    images (dense tokens after the patch embedding, as on a GPU) the sum and the layer norm
+    after it stay dense, as in the compiled network. x + y and y + x are the same floats."""
+    x = input_state((3, 32, 32))
+    exported = export_tree(arch.mlp_mixer(layers=1, width=32, tokens=64), x, 3, PAPER, name="Mixer")
+    namespace: dict = {}
+    exec(compile(exported.source, "mixer.py", "exec"), namespace)
+    module = namespace["Mixer"](3).to(memory_format=torch.channels_last)
+    seen = []
+    module.residual1.register_forward_hook(lambda m, xs, out: seen.append((xs[0], out)))
+    module(torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last))
+    ((tokens, out),) = seen
+    assert "        return x + x1" in exported.source.splitlines()
+    assert tokens.is_contiguous() and out.is_contiguous()
 
 
 def test_the_vit_export_calls_scaled_dot_product_attention():
