@@ -72,6 +72,24 @@ class Kernel(nn.Module):
             self.add_module(name, child)
 
 
+def _onednn_strided_pointwise_bug(x: torch.Tensor) -> bool:
+    """Where torch 2.13's oneDNN mishandles a strided 1x1 convolution: CPU, channels-last, 2-5
+    channels seen crashing (16 and 32 not; below 16 is avoided)."""
+    return x.device.type == "cpu" and x.shape[1] < 16 and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def _in_layout_of(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The [d, C, k, k] view of a linear's weight, channels-last (and in autocast's dtype, one
+    copy) when x is: a convolution otherwise copies a row-major weight to x's layout in its
+    forward and its backward, and its channels-last weight gradient is copied once more to
+    reach the [d, C·k·k] parameter -- copies a hand-written channels-last network never makes."""
+    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return weight
+    kind = x.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else weight.dtype
+    return weight.to(dtype=dtype, memory_format=torch.channels_last)
+
+
 class Conv(Kernel):
     """im2col(k, s, p) → linear(d) [→ col2im] without the unfold.
 
@@ -99,13 +117,13 @@ class Conv(Kernel):
             h, w = height // k, width // k  # unfold drops the rows and columns that don't fit
             x = x[:, :, : h * k, : w * k].reshape(b, c, h, k, w, k).permute(0, 2, 4, 1, 3, 5)
             return F.linear(x.reshape(b, h * w, c * k * k), self.weight, self.bias)
-        if k == 1 and s > 1:
+        if k == 1 and s > 1 and _onednn_strided_pointwise_bug(x):
             # A 1x1 kernel reads every s-th pixel of the padded input only: take those, then
             # convolve with stride 1 -- the same numbers. The strided 1x1 convolution itself is
             # avoided because oneDNN (torch 2.13, CPU) corrupts the heap in its backward pass on a
             # channels-last input with few channels (tests/test_lowering.py has the case).
             x, s, p = (F.pad(x, (p, p, p, p)) if p else x)[..., ::s, ::s], 1, 0
-        weight = self.weight.reshape(self.weight.shape[0], c, k, k)
+        weight = _in_layout_of(self.weight.reshape(self.weight.shape[0], c, k, k), x)
         if self.fold:
             return F.conv2d(x, weight, self.bias, s, p)
         out = F.conv2d(x.contiguous(memory_format=torch.channels_last), weight, self.bias, s, p)

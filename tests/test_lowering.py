@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from tree_samples import cheap, sampled_trees
 
 from einspace import (
@@ -205,6 +206,38 @@ def test_strided_pointwise_convolution_survives_channels_last_inputs():
     a subprocess: heap corruption aborts the process."""
     done = subprocess.run([sys.executable, "-c", STRIDED_POINTWISE], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+class _Convolutions(TorchDispatchMode):
+    """Records the weight and stride of every convolution that runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[torch.Tensor, list[int]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution.default:
+            self.seen.append((args[1], list(args[3])))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("k, s, channels", [(3, 1, 16), (3, 2, 4), (1, 2, 16), (1, 2, 3)])
+def test_channels_last_convolutions_get_channels_last_weights(k, s, channels):
+    """On a channels-last input the lowered convolution's weight is channels-last and in autocast's
+    dtype (one copy, as a hand-written channels-last network's cast), not row-major (which the
+    convolution copies in its forward and again in its backward); a strided 1x1 kernel is a plain
+    strided convolution except where oneDNN's bug lies (CPU, channels-last, < 16 channels).
+    The numbers are the literal network's."""
+    checked = check(net(route(im2col(k, s, k // 2), lin(16), "col2im")), (channels, 8, 8))
+    literal, lowered = compile_network(checked, classes=3, lower=False), compile_network(checked, classes=3)
+    lowered.load_state_dict(literal.state_dict())
+    x = torch.randn(2, channels, 8, 8).contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(lowered(x), literal(x))
+    with _Convolutions() as convolutions, torch.autocast("cpu", dtype=torch.bfloat16):
+        lowered(x).sum().backward()
+    ((weight, stride),) = convolutions.seen
+    assert weight.dtype == torch.bfloat16 and weight.is_contiguous(memory_format=torch.channels_last)
+    assert stride == [1, 1] if k == 1 and channels < 16 else stride == [s, s]
 
 
 CASES = {
