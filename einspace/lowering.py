@@ -86,7 +86,8 @@ def _in_layout_of(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
         return weight
     kind = x.device.type
-    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else weight.dtype
+    cast = torch.is_autocast_enabled(kind) and weight.dtype != torch.float64  # autocast's rule
+    dtype = torch.get_autocast_dtype(kind) if cast else weight.dtype
     return weight.to(dtype=dtype, memory_format=torch.channels_last)
 
 

@@ -133,10 +133,10 @@ def _axis_matrices(packed: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.T
     """Each axis' dense complex butterfly from the packed twiddles (sum of log2(n) n/2, 2, 2, 2),
     column j being `butterfly` applied to the unit vector e_j."""
     stages = [n.bit_length() - 1 for n in sizes]
-    twiddles = torch.view_as_complex(packed).split([s * (n // 2) for n, s in zip(sizes, stages)])
+    twiddles = torch.view_as_complex(packed).split([s * (n // 2) for n, s in zip(sizes, stages, strict=True)])
     return [
         butterfly(torch.eye(n, dtype=torch.complex128), t.reshape(s, n // 2, 2, 2)).T
-        for n, s, t in zip(sizes, stages, twiddles)
+        for n, s, t in zip(sizes, stages, twiddles, strict=True)
     ]
 
 
@@ -155,7 +155,7 @@ def _reference_xd(xd: XDConv, x: torch.Tensor) -> torch.Tensor:
     k_axes, l_axes, m_axes = (_axis_matrices(p, xd.fourier) for p in (xd.K, xd.L, xd.M))
     x = x.movedim(-1, 1) if xd.channels_last else x
     p = xd.padding
-    x_pad = [(p, n - size - p) for size, n in zip(xd.input_size, xd.fourier)]
+    x_pad = [(p, n - size - p) for size, n in zip(xd.input_size, xd.fourier, strict=True)]
     w_pad = [(0, n - xd.kernel_size) for n in xd.fourier]
     image = F.pad(x, [e for pair in reversed(x_pad) for e in pair]).to(torch.complex128)
     taps = F.pad(xd.weight, [e for pair in reversed(w_pad) for e in pair]).to(torch.complex128)
@@ -191,14 +191,14 @@ def test_any_parameters_match_an_independent_complex_computation(
             param.copy_(torch.randn_like(param))
     shape = (2, *spatial, 3) if channels_last else (2, 3, *spatial)
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
-    names, params = zip(*xd.named_parameters())
+    names, params = zip(*xd.named_parameters(), strict=True)
     out, ref = xd(x), _reference_xd(xd, x)
     assert out.shape == ref.shape
     assert relative(out, ref) < 1e-9
     upstream = torch.randn_like(ref)
     grads = torch.autograd.grad(out, (x, *params), upstream)
     ref_grads = torch.autograd.grad(ref, (x, *params), upstream)
-    for name, grad, ref_grad in zip(("input", *names), grads, ref_grads):
+    for name, grad, ref_grad in zip(("input", *names), grads, ref_grads, strict=True):
         assert relative(grad, ref_grad) < 1e-9, name
 
 
