@@ -34,11 +34,18 @@ relative to the start of the step (gradients are set to None before it, so they 
 for all three). That sees what torch allocates (activations saved for backward, temporaries,
 gradients), not the process's resident size, which on CPU is blurred by the allocator's caching
 and by what the first steps leave behind; tracemalloc sees none of it.
+
+`--trace` measures nothing: it runs one step of the lowered and of the hand-written model with
+the GPU run's settings (bfloat16 autocast, channels-last) on the device given, records every
+aten operation with its operands' shapes, strides and dtypes, and prints where the two
+sequences differ. Layout differences (a transposed operand, a row-major weight) cost copies
+and slower kernels on any device, so this finds on a CPU what makes a GPU ratio high.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import time
 from collections.abc import Callable
@@ -47,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import einspace as es
 from einspace.lowering import lowered_kernels
@@ -61,11 +69,13 @@ MODELS = ("lowered", "literal", "handwritten")
 #: time target; float32 products without TF32, so that the logits check compares exact functions.
 DEVICE = torch.device("cpu")
 GPU_TIME_TARGET = 1.10
+#: bfloat16 autocast and channels-last, as on a GPU (also for `--trace` on the CPU).
+GPU_SETTINGS = False
 
 
 def to_device(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Move the models and the batch to DEVICE (channels-last on CUDA); the batch on it."""
-    layout = torch.channels_last if DEVICE.type == "cuda" else torch.contiguous_format
+    layout = torch.channels_last if GPU_SETTINGS else torch.contiguous_format
     for model in models.values():
         model.to(DEVICE, memory_format=layout)
     return x.to(DEVICE, memory_format=layout), y.to(DEVICE)
@@ -74,7 +84,7 @@ def to_device(models: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor) ->
 def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step without the optimiser: forward, loss, backward."""
     model.zero_grad(set_to_none=True)
-    with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=DEVICE.type == "cuda"):
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=GPU_SETTINGS):
         loss = F.cross_entropy(model(x), y)
     loss.backward()
     if DEVICE.type == "cuda":
@@ -145,6 +155,62 @@ def measure(name: str, batch: int, repeats: int) -> dict[str, object]:
     }
 
 
+class OpTrace(TorchDispatchMode):
+    """The aten operations that run, each with its operands' shapes, strides and dtypes; views
+    and aliases (which move no data) are left out, their effect shows in the next operand."""
+
+    VIEWS = frozenset(
+        ("view", "_unsafe_view", "t", "transpose", "permute", "detach", "alias", "unsqueeze", "expand")
+    )
+    #: Operand order of these does not matter (the same floats either way), so it is not shown.
+    COMMUTATIVE = frozenset(("add", "mul"))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    @staticmethod
+    def describe(value: object) -> str:
+        if isinstance(value, torch.Tensor):
+            dtype = str(value.dtype).removeprefix("torch.")
+            return f"{tuple(value.shape)}/{tuple(value.stride())}/{dtype}"
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            return "[" + ", ".join(OpTrace.describe(v) for v in value) + "]"
+        return ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in self.VIEWS:
+            operands = [d for d in map(self.describe, args) if d]
+            if name in self.COMMUTATIVE:
+                operands.sort()
+            self.lines.append(f"{name} {' '.join(operands)} -> {self.describe(out)}")
+        return out
+
+
+def trace(name: str, batch: int) -> list[str]:
+    """Where one step of the lowered model runs other operations than the hand-written one's."""
+    torch.manual_seed(0)
+    models = build(name)
+    del models["literal"]
+    x, y = to_device(models, torch.randn(batch, *SHAPE), torch.randint(0, 10, (batch,)))
+    lines = {}
+    for model_name, model in models.items():
+        step(model, x, y)
+        with OpTrace() as recorded:
+            step(model, x, y)
+        lines[model_name] = recorded.lines
+    hand, lowered = lines["handwritten"], lines["lowered"]
+    out = [f"== {name}: {len(lowered)} operations lowered, {len(hand)} hand-written (views left out)"]
+    matcher = difflib.SequenceMatcher(None, hand, lowered, autojunk=False)
+    for tag, h1, h2, l1, l2 in matcher.get_opcodes():
+        if tag != "equal":
+            out += [f"  - hand     {line}" for line in hand[h1:h2]]
+            out += [f"  + lowered  {line}" for line in lowered[l1:l2]]
+    return out
+
+
 def report(rows: list[dict]) -> list[str]:
     """Print the table; returns the seeds that miss a target."""
     header = (
@@ -182,9 +248,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 = torch's default")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--trace", action="store_true", help="print where the operations differ; no timing")
     args = parser.parse_args()
-    global DEVICE, TIME_TARGET
+    global DEVICE, TIME_TARGET, GPU_SETTINGS
     DEVICE = torch.device(args.device)
+    GPU_SETTINGS = DEVICE.type == "cuda" or args.trace
+    if args.trace:
+        for name in args.seeds:
+            print("\n".join(trace(name, args.batch)))
+        return 0
     where = "float32, CPU"
     if DEVICE.type == "cuda":
         TIME_TARGET = GPU_TIME_TARGET

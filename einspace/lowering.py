@@ -26,6 +26,7 @@ literally.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -78,17 +79,30 @@ def _onednn_strided_pointwise_bug(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.shape[1] < 16 and x.is_contiguous(memory_format=torch.channels_last)
 
 
+class _ChannelsLastCast(torch.autograd.Function):
+    """A row-major weight as a channels-last one of another dtype, in one copy each way: autograd's
+    own cast would return the gradient in the new layout, for the reshape to the linear's
+    [d, C·k·k] parameter to copy again."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.dtype = weight.dtype
+        return weight.to(dtype=dtype, memory_format=torch.channels_last)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.to(dtype=ctx.dtype, memory_format=torch.contiguous_format), None
+
+
 def _in_layout_of(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The [d, C, k, k] view of a linear's weight, channels-last (and in autocast's dtype, one
     copy) when x is: a convolution otherwise copies a row-major weight to x's layout in its
-    forward and its backward, and its channels-last weight gradient is copied once more to
-    reach the [d, C·k·k] parameter -- copies a hand-written channels-last network never makes."""
+    forward and its backward -- copies a hand-written channels-last network never makes."""
     if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
         return weight
     kind = x.device.type
     cast = torch.is_autocast_enabled(kind) and weight.dtype != torch.float64  # autocast's rule
-    dtype = torch.get_autocast_dtype(kind) if cast else weight.dtype
-    return weight.to(dtype=dtype, memory_format=torch.channels_last)
+    return _ChannelsLastCast.apply(weight, torch.get_autocast_dtype(kind) if cast else weight.dtype)
 
 
 class Conv(Kernel):

@@ -208,16 +208,18 @@ def test_strided_pointwise_convolution_survives_channels_last_inputs():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
-class _Convolutions(TorchDispatchMode):
-    """Records the weight and stride of every convolution that runs."""
+class _Operations(TorchDispatchMode):
+    """Records the operations that run, and the weight and stride of every convolution."""
 
     def __init__(self):
         super().__init__()
-        self.seen: list[tuple[torch.Tensor, list[int]]] = []
+        self.names: list[str] = []
+        self.convolutions: list[tuple[torch.Tensor, list[int]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
         if func is torch.ops.aten.convolution.default:
-            self.seen.append((args[1], list(args[3])))
+            self.convolutions.append((args[1], list(args[3])))
         return func(*args, **(kwargs or {}))
 
 
@@ -225,19 +227,25 @@ class _Convolutions(TorchDispatchMode):
 def test_channels_last_convolutions_get_channels_last_weights(k, s, channels):
     """On a channels-last input the lowered convolution's weight is channels-last and in autocast's
     dtype (one copy, as a hand-written channels-last network's cast), not row-major (which the
-    convolution copies in its forward and again in its backward); a strided 1x1 kernel is a plain
+    convolution copies in its forward and again in its backward), and its gradient comes back to
+    the linear's [d, C·k·k] weight in one copy too (no clone); a strided 1x1 kernel is a plain
     strided convolution except where oneDNN's bug lies (CPU, channels-last, < 16 channels).
-    The numbers are the literal network's."""
+    The numbers and gradients are the literal network's."""
     checked = check(net(route(im2col(k, s, k // 2), lin(16), "col2im")), (channels, 8, 8))
     literal, lowered = compile_network(checked, classes=3, lower=False), compile_network(checked, classes=3)
     lowered.load_state_dict(literal.state_dict())
     x = torch.randn(2, channels, 8, 8).contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(lowered(x), literal(x))
-    with _Convolutions() as convolutions, torch.autocast("cpu", dtype=torch.bfloat16):
+    for network in (literal, lowered):
+        network(x).square().sum().backward()
+    for (name, a), b in zip(lowered.named_parameters(), literal.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+        assert a.grad.is_contiguous(), name
+    with _Operations() as ran, torch.autocast("cpu", dtype=torch.bfloat16):
         lowered(x).sum().backward()
-    ((weight, stride),) = convolutions.seen
+    ((weight, stride),) = ran.convolutions
     assert weight.dtype == torch.bfloat16 and weight.is_contiguous(memory_format=torch.channels_last)
     assert stride == [1, 1] if k == 1 and channels < 16 else stride == [s, s]
+    assert "clone" not in ran.names, ran.names
 
 
 CASES = {
