@@ -196,7 +196,7 @@ class _Checker(TreeVisitor[tuple[Signal, int, int]]):
             raise self.fail(
                 path, f"no rule for {node.symbol} applies to {describe(signal)} (guards: {guards})"
             )
-        if not any(_matches(alt, node.children) for alt in rule.alternatives):
+        if not any(derives(alt, node.children) for alt in rule.alternatives):
             for alt in rule.alternatives:
                 off_grid = _off_grid(alt, node.children)
                 if off_grid is not None:
@@ -206,7 +206,9 @@ class _Checker(TreeVisitor[tuple[Signal, int, int]]):
             raise self.fail(path, f"{node.symbol} cannot derive these children here; its rule is {options}")
 
 
-def _matches(alternative: Alternative, kids: tuple[Node, ...]) -> bool:
+def derives(alternative: Alternative, kids: tuple[Node, ...]) -> bool:
+    """Whether a node whose rule chose `alternative` may have these children (symbols, operations
+    with arguments on the grammar's grid, branches and repeats as the items say)."""
     return len(alternative.items) == len(kids) and all(map(_item_matches, alternative.items, kids))
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from einspace.checker import _matches, check_tree
+from einspace.checker import check_tree, derives
 from einspace.errors import EinspaceError
 from einspace.grammar.analysis import analyse
 from einspace.grammar.model import Grammar
@@ -56,7 +56,7 @@ def rule_counts(grammar: Grammar, input: FeatureState, trees: Iterable[Node]) ->
                 continue
             rule = grammar.rule_for(node.symbol, checked.facts[path].input)
             assert rule is not None  # check_tree matched it
-            chosen = next(a for a, alt in enumerate(rule.alternatives) if _matches(alt, node.children))
+            chosen = next(a for a, alt in enumerate(rule.alternatives) if derives(alt, node.children))
             counts[index[id(rule)]][chosen] += 1
     return counts
 
