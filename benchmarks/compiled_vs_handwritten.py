@@ -45,7 +45,6 @@ and slower kernels on any device, so this finds on a CPU what makes a GPU ratio 
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 import time
 from collections.abc import Callable
@@ -54,11 +53,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import einspace as es
 from einspace.lowering import lowered_kernels
 from einspace.seeds import load_seed
+from einspace.testing.op_trace import OpTrace, differences
 from einspace.testing.reference_models import REFERENCES, load_from, reference
 
 TIME_TARGET, MEMORY_TARGET = 1.15, 1.2
@@ -155,40 +154,6 @@ def measure(name: str, batch: int, repeats: int) -> dict[str, object]:
     }
 
 
-class OpTrace(TorchDispatchMode):
-    """The aten operations that run, each with its operands' shapes, strides and dtypes; views
-    and aliases (which move no data) are left out, their effect shows in the next operand."""
-
-    VIEWS = frozenset(
-        ("view", "_unsafe_view", "t", "transpose", "permute", "detach", "alias", "unsqueeze", "expand")
-    )
-    #: Operand order of these does not matter (the same floats either way), so it is not shown.
-    COMMUTATIVE = frozenset(("add", "mul"))
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    @staticmethod
-    def describe(value: object) -> str:
-        if isinstance(value, torch.Tensor):
-            dtype = str(value.dtype).removeprefix("torch.")
-            return f"{tuple(value.shape)}/{tuple(value.stride())}/{dtype}"
-        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-            return "[" + ", ".join(OpTrace.describe(v) for v in value) + "]"
-        return ""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's signature)
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__
-        if name not in self.VIEWS:
-            operands = [d for d in map(self.describe, args) if d]
-            if name in self.COMMUTATIVE:
-                operands.sort()
-            self.lines.append(f"{name} {' '.join(operands)} -> {self.describe(out)}")
-        return out
-
-
 def trace(name: str, batch: int) -> list[str]:
     """Where one step of the lowered model runs other operations than the hand-written one's."""
     torch.manual_seed(0)
@@ -202,13 +167,8 @@ def trace(name: str, batch: int) -> list[str]:
             step(model, x, y)
         lines[model_name] = recorded.lines
     hand, lowered = lines["handwritten"], lines["lowered"]
-    out = [f"== {name}: {len(lowered)} operations lowered, {len(hand)} hand-written (views left out)"]
-    matcher = difflib.SequenceMatcher(None, hand, lowered, autojunk=False)
-    for tag, h1, h2, l1, l2 in matcher.get_opcodes():
-        if tag != "equal":
-            out += [f"  - hand     {line}" for line in hand[h1:h2]]
-            out += [f"  + lowered  {line}" for line in lowered[l1:l2]]
-    return out
+    title = f"== {name}: {len(lowered)} operations lowered, {len(hand)} hand-written (views left out)"
+    return [title, *differences(hand, lowered, "hand", "lowered")]
 
 
 def report(rows: list[dict]) -> list[str]:

@@ -37,6 +37,8 @@ from einspace.grammar.model import OpItem
 from einspace.lowering import Folded, Kernel, lowered_kernels
 from einspace.seeds import list_seeds, load_seed
 from einspace.state import input_state
+from einspace.testing.op_trace import OpTrace, differences
+from einspace.testing.reference_models import load_from, reference
 from einspace.tree import Node
 
 PAPER = load_grammar("einspace")
@@ -487,6 +489,28 @@ def test_seed_lowers_and_agrees(name):
 
 def test_every_seed_has_its_expected_kernels():
     assert set(SEED_KERNELS) == set(list_seeds())
+
+
+@pytest.mark.parametrize("name", ["resnet_small", "densenet"])
+def test_lowered_convolution_seeds_run_the_hand_written_operations(name):
+    """With the GPU's settings (channels-last, bfloat16 autocast) a lowered convolutional seed runs
+    the hand-written model's operations one for one -- no copy that model does not make (a
+    transposed operand, a row-major weight, a strided 1x1 workaround); only each weight's cast
+    also changes its layout (the linear's [d, C·k·k] row-major weight to the convolution's)."""
+    shape = (3, 16, 16)
+    x = input_state(shape)
+    lowered = compile_network(load_seed(name, PAPER, x), x, 10)
+    hand = reference(name, shape)
+    load_from(hand, lowered)
+    images = torch.randn(2, *shape).contiguous(memory_format=torch.channels_last)
+    labels = torch.tensor([1, 2])
+    traces = []
+    for model in (hand, lowered):
+        model.to(memory_format=torch.channels_last)
+        with OpTrace() as trace, torch.autocast("cpu", dtype=torch.bfloat16):
+            nn.functional.cross_entropy(model(images), labels).backward()
+        traces.append(trace)
+    assert traces[1].names == traces[0].names, "\n".join(differences(traces[0].lines, traces[1].lines))
 
 
 def test_mixer_activations_stay_dense():
