@@ -38,7 +38,7 @@ from einspace.checker import CheckedTree, check_tree
 from einspace.compiler import Branches, ClassificationHead, Network, compile_network
 from einspace.errors import EinspaceError
 from einspace.grammar.model import Grammar
-from einspace.lowering import Attention, BranchLinear, Conv, Folded
+from einspace.lowering import Attention, AttentionHead, BranchLinear, Conv, Folded
 from einspace.ops import _modules
 from einspace.ops.nos import Calibration, ChannelAttention, DynamicKernel, SpatialAttention
 from einspace.ops.registry import get_op
@@ -439,7 +439,7 @@ class _Writer:
         scope.line(f"{out} = {call}({x})")
         return out
 
-    def one_head(self, block: _Instance, head) -> None:
+    def one_head(self, block: _Instance, head: AttentionHead) -> None:
         """Attention whose projections are not plain linears: each branch written out."""
         s = self.sequence(block, list(head.pre), "x", "s")
         q = self.emit(block, head.query, s, "q")

@@ -35,7 +35,16 @@ from torch import nn
 
 from einspace.ops import _modules
 
-__all__ = ["Attention", "BranchLinear", "Conv", "Folded", "Kernel", "lower", "lowered_kernels"]
+__all__ = [
+    "Attention",
+    "AttentionHead",
+    "BranchLinear",
+    "Conv",
+    "Folded",
+    "Kernel",
+    "lower",
+    "lowered_kernels",
+]
 
 _COL2IM = "b (h w) d -> b d h w"
 #: The permutes that swap the last two axes (col order (2, 1), im order (1, 3, 2)): a key branch.
@@ -191,7 +200,7 @@ class BranchLinear(Kernel):
         return f"b={len(self._linears)}, combine={self.combine}"
 
 
-class _Head:
+class AttentionHead:
     """The parts of one attention computation, found in the literal modules.
 
     q = query(pre(x)), kᵀ = key(pre(x)), v = value(x); out = softmax(q kᵀ · scale) v · outer.
@@ -222,7 +231,7 @@ class Attention(Kernel):
     an outer scaled matmul multiplies the result by 1/sqrt(the number of keys).
     """
 
-    def __init__(self, slot: nn.Module, heads: list[_Head], combine: str | None):
+    def __init__(self, slot: nn.Module, heads: list[AttentionHead], combine: str | None):
         super().__init__()
         self.adopt(slot)
         self._heads = tuple(heads)
@@ -230,7 +239,7 @@ class Attention(Kernel):
         self.kind = "attention" if combine is None else "multi_head_attention"
 
     @property
-    def heads(self) -> tuple[_Head, ...]:
+    def heads(self) -> tuple[AttentionHead, ...]:
         """The heads' parts, in branch order (einspace.export writes them out)."""
         return self._heads
 
@@ -239,7 +248,7 @@ class Attention(Kernel):
             return self._fused(x)
         return self._one(self._heads[0], x)  # one head (several are matched only when fusable)
 
-    def _one(self, head: _Head, x: torch.Tensor) -> torch.Tensor:
+    def _one(self, head: AttentionHead, x: torch.Tensor) -> torch.Tensor:
         s = x
         for module in head.pre:
             s = module(s)
@@ -378,7 +387,7 @@ def _match_attention(modules: list[nn.Module], i: int) -> tuple[int, Kernel] | N
         return None
     pre, query, key, scale = scores
     value = branches[1]
-    head = _Head(pre, query, key, value, scale, modules[i + 2].scale)
+    head = AttentionHead(pre, query, key, value, scale, modules[i + 2].scale)
     return 3, Attention(branches, [head], None)
 
 

@@ -131,6 +131,7 @@ class NetworkLoss(Protocol):
 #: Builds a NetworkLoss from (network, checked tree, options from the settings).
 NetworkLossFactory = Callable[..., NetworkLoss]
 
+
 class _NamedFactory:
     """A network loss factory under its registered name, with the factory's signature (the
     registry checks options against it) and module (a built-in registers without a detour)."""

@@ -185,8 +185,13 @@ BAD_GRAMMARS = [
     ("reweight-no-p", SEM, "extends einspace\nM @= C\n", "write one after each alternative", "2:6"),
     ("reweight-twice", SEM, "extends einspace\nM @= C @ 0.3 | C @ 0.3\n", "reweighted twice", "2:16"),
     ("reweight-sum", SEM, "extends einspace\nM @= C @ 0.6 | M M @ 0.5\n", "sum to 1.1, leaving", "2:1"),
-    ("reweight-all", SEM, "extends einspace\nR1 if mode == col @= identity @ 0.5\n"
-     " | permute(order = (2, 1)) @ 0.4\n", "sum to 0.9, not 1", "2:1"),
+    (
+        "reweight-all",
+        SEM,
+        "extends einspace\nR1 if mode == col @= identity @ 0.5\n | permute(order = (2, 1)) @ 0.4\n",
+        "sum to 0.9, not 1",
+        "2:1",
+    ),
 ]
 
 

@@ -147,7 +147,7 @@ def _extended_file(token: Token, path: str, here: Location) -> Path:
     names = ", ".join(sorted(bundled))
     raise GrammarError(
         f"cannot extend {str(token)!r}: no file {beside} and no bundled grammar of that name "
-        f"(bundled: {names}; write a path in quotes, extends \"../my.pcfg\")",
+        f'(bundled: {names}; write a path in quotes, extends "../my.pcfg")',
         here,
     )
 

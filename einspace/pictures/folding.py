@@ -10,7 +10,7 @@ graph and the console's folded text are all drawn from a view.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -57,7 +57,7 @@ class View:
     group: Group | None = None
     flattened: int = 0  # nested sequences merged into this node
 
-    def walk(self, depth: int = 0):
+    def walk(self, depth: int = 0) -> Iterator[tuple[int, View]]:
         """(depth, view) pairs in pre-order."""
         yield depth, self
         for child in self.children:
