@@ -137,8 +137,9 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, name: str, scaled: bool
 
 
 def assert_agree(checked: CheckedTree, batch: int = 3, seed: int = 0, scaled: bool = False) -> Counter[str]:
-    """Outputs, input and parameter gradients and norm statistics agree, train and eval mode;
-    returns the kernels the lowered network runs."""
+    """Outputs, input and parameter gradients and norm statistics agree, train and eval mode (in
+    eval mode an image reaches the lowered network channels-last, as on a GPU); returns the
+    kernels the lowered network runs."""
     literal, lowered = _pair(checked)
     generator = torch.Generator().manual_seed(seed)
     shape = checked.input[0].shape
@@ -146,7 +147,8 @@ def assert_agree(checked: CheckedTree, batch: int = 3, seed: int = 0, scaled: bo
         literal.train(train)
         lowered.train(train)
         x = torch.randn(batch, *shape, generator=generator, dtype=torch.float64)
-        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        layout = torch.channels_last if x.dim() == 4 and not train else torch.contiguous_format
+        xa, xb = x.clone().requires_grad_(), x.clone(memory_format=layout).requires_grad_()
         a, b = literal(xa), lowered(xb)
         _close(b, a, "output", scaled)
         cotangent = torch.randn(a.shape, generator=generator, dtype=torch.float64)
