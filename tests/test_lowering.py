@@ -16,7 +16,6 @@ from dataclasses import replace
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from tree_samples import cheap, sampled_trees
 
 from einspace import (
@@ -35,6 +34,7 @@ from einspace.checker import CheckedTree
 from einspace.errors import VariationError
 from einspace.grammar.model import OpItem
 from einspace.lowering import Folded, Kernel, lowered_kernels
+from einspace.ops import _modules
 from einspace.seeds import list_seeds, load_seed
 from einspace.state import input_state
 from einspace.testing.op_trace import OpTrace, differences
@@ -212,19 +212,17 @@ def test_strided_pointwise_convolution_survives_channels_last_inputs():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
-class _Operations(TorchDispatchMode):
-    """Records the operations that run, and the weight and stride of every convolution."""
+class _Operations(OpTrace):
+    """An OpTrace that also keeps the weight and stride of every convolution."""
 
     def __init__(self):
         super().__init__()
-        self.names: list[str] = []
         self.convolutions: list[tuple[torch.Tensor, list[int]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
         if func is torch.ops.aten.convolution.default:
             self.convolutions.append((args[1], list(args[3])))
-        return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 @pytest.mark.parametrize("k, s, channels", [(3, 1, 16), (3, 2, 4), (1, 2, 16), (1, 2, 3)])
@@ -518,19 +516,22 @@ def test_lowered_convolution_seeds_run_the_hand_written_operations(name):
 def test_mixer_activations_stay_dense():
     """The token MLP ends in a transposed view; its residual sum must still come out dense, or
     every later layer norm reads (and its backward writes) a transposed tensor, as the hand-written
-    Mixer's never does. The sum is the same floats either way."""
+    Mixer's never does; and the head's average hands the last layer norm a dense gradient. The
+    sum is the same floats either way."""
     torch.manual_seed(0)
     x = input_state((3, 32, 32))
     network = compile_network(check_tree(arch.mlp_mixer(layers=2, width=32, tokens=64), PAPER, x), classes=3)
-    sums, norms = [], []
+    sums, norms, gradients = [], [], []
     for module in network.modules():
-        if type(module).__name__ == "Add":
+        if isinstance(module, _modules.Add):
             module.register_forward_hook(lambda m, xs, out: sums.append((xs[0], out)))
         if isinstance(module, nn.LayerNorm):
             module.register_forward_pre_hook(lambda m, xs: norms.append(xs[0]))
+            module.register_full_backward_hook(lambda m, grad_in, grad_out: gradients.append(grad_out[0]))
     network(torch.randn(2, 3, 32, 32)).sum().backward()
-    assert len(sums) == 4 and len(norms) >= 4
+    assert len(sums) == 4 and len(norms) >= 4 and len(gradients) == len(norms)
     assert all(out.is_contiguous() for _, out in sums) and all(n.is_contiguous() for n in norms)
+    assert gradients[0].is_contiguous()  # the last norm's (backward runs last to first), from the head
     branches, out = sums[0]
     assert not branches[0].is_contiguous()  # the case this guards: a transposed first branch
     assert torch.equal(out, branches[0] + branches[1])

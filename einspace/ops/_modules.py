@@ -59,7 +59,7 @@ def _dense(x: torch.Tensor) -> bool:
 
 
 class Add(nn.Module):
-    """Sum of all branches, in branch order.
+    """Sum of all branches, accumulated in branch order.
 
     A sum takes the memory layout of its first operand. When a branch ends in a transposed
     view (the Mixer's token MLP: permute · linear · permute) and the shortcut does not, the
@@ -71,7 +71,7 @@ class Add(nn.Module):
     def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
         out = xs[0]
         for x in xs[1:]:
-            out = x + out if _dense(x) and not _dense(out) else out + x
+            out = x + out if not _dense(out) and _dense(x) else out + x  # out is nearly always dense
         return out
 
 
