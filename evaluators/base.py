@@ -28,7 +28,55 @@ WORST_FITNESS = -math.inf
 
 
 class EvaluationFailed(EinspaceError):
-    """Raised by an evaluator for an expected failure (out of memory, NaN loss, over budget)."""
+    """Raised by an evaluator for an expected failure (out of memory, NaN loss, over budget).
+    `progress` is how far it got, in the cost keys an evaluator reports (`PROGRESS_METRICS`:
+    epochs, steps, gpu_seconds), so that a failure's compute is counted like a success's."""
+
+    def __init__(self, reason: str, progress: dict[str, float] | None = None):
+        super().__init__(reason)
+        self.progress = dict(progress or {})
+
+
+#: Metrics an evaluator may report about its own progress; `run_task` copies them into the
+#: result's `Cost` (they stay in the metrics too). `partial` (1.0: stopped before the fidelity it
+#: was asked for, e.g. by a time budget, with the score reached so far) becomes `Result.partial`.
+PROGRESS_METRICS = ("epochs", "steps", "gpu_seconds")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one evaluation cost. `compute_seconds` is the one number reports add up: GPU seconds
+    where a GPU trained, else the process's CPU seconds (all its threads), else wall seconds (an
+    evaluation whose worker was killed, where only the executor's clock saw it)."""
+
+    cpu_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    epochs: float = 0.0  # trained, fractional when stopped part-way
+    steps: int = 0
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.gpu_seconds or self.cpu_seconds or self.wall_seconds
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any] | None) -> Cost:
+        """A cost as stored; keys it does not know (a newer einspace's) are left out."""
+        known = {f: data[f] for f in Cost.__dataclass_fields__ if data and data.get(f) is not None}
+        return Cost(**known)
+
+    @staticmethod
+    def measured(cpu_seconds: float, wall_seconds: float, progress: dict[str, float]) -> Cost:
+        return Cost(
+            cpu_seconds=cpu_seconds,
+            gpu_seconds=float(progress.get("gpu_seconds", 0.0)),
+            wall_seconds=wall_seconds,
+            epochs=float(progress.get("epochs", 0.0)),
+            steps=int(progress.get("steps", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -42,6 +90,7 @@ class Task:
     settings: dict[str, Any] = field(default_factory=dict)
     mode: str | None = None  # input mode; None: from the rank
     random_seed: int = 0
+    fidelity: int | None = None  # the evaluator's `fidelity_setting` for this run (None: its own)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,13 +102,17 @@ class Task:
 
 @dataclass(frozen=True)
 class Result:
-    """The outcome of a Task. `fitness` is maximised; failed results carry WORST_FITNESS and a reason."""
+    """The outcome of a Task. `fitness` is maximised; failed results carry WORST_FITNESS and a
+    reason. `partial`: an ok result scored before the task's fidelity was reached (a time budget
+    stopped training; `cost.epochs` says where)."""
 
     status: str  # "ok" or "failed"
     fitness: float
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
+    cost: Cost = field(default_factory=Cost)
+    partial: bool = False
 
     @property
     def ok(self) -> bool:
@@ -70,11 +123,11 @@ class Result:
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Result:
-        return Result(**data)
+        return Result(**{**data, "cost": Cost.from_json(data.get("cost"))})
 
     @staticmethod
-    def failure(reason: str, seconds: float = 0.0) -> Result:
-        return Result("failed", WORST_FITNESS, {}, reason, seconds)
+    def failure(reason: str, seconds: float = 0.0, cost: Cost | None = None) -> Result:
+        return Result("failed", WORST_FITNESS, {}, reason, seconds, cost or Cost(wall_seconds=seconds))
 
 
 class Evaluator(ABC):
@@ -86,6 +139,13 @@ class Evaluator(ABC):
     """
 
     name: ClassVar[str]
+    #: The integer setting a task's `fidelity` overrides (multi-fidelity search trains the same tree
+    #: at increasing values of it), or None for an evaluator with no notion of fidelity.
+    fidelity_setting: ClassVar[str | None] = None
+
+    def full_fidelity(self) -> int | None:
+        """The value of `fidelity_setting` in this evaluator's settings: the top fidelity."""
+        return None
 
     def check(self, input: FeatureState) -> None:  # noqa: B027 - optional
         """Raise EinspaceError if no tree could be evaluated for `input` (a dataset that is missing,
@@ -121,27 +181,58 @@ def list_evaluators() -> list[str]:
     return EVALUATORS.names()
 
 
+def task_settings(task: Task) -> dict[str, Any]:
+    """The evaluator settings of a task, its fidelity (if any) in the evaluator's fidelity setting."""
+    if task.fidelity is None:
+        return dict(task.settings)
+    setting = EVALUATORS.get(task.evaluator).fidelity_setting
+    if setting is None:
+        raise EinspaceError(f"evaluator {task.evaluator!r} has no fidelity to set to {task.fidelity}")
+    return {**task.settings, setting: task.fidelity}
+
+
+class _Meter:
+    """The wall and process CPU time since it was made, as a `Cost` with an evaluator's progress."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.wall
+
+    def cost(self, progress: dict[str, float]) -> Cost:
+        return Cost.measured(time.process_time() - self.cpu, self.seconds, progress)
+
+    def failure(self, reason: str, progress: dict[str, float] | None = None) -> Result:
+        return Result.failure(reason, self.seconds, self.cost(progress or {}))
+
+
 def run_task(task: Task) -> Result:
-    """Evaluate a task; every failure becomes a failed Result with its reason (never raises)."""
+    """Evaluate a task; every failure becomes a failed Result with its reason and its cost (never raises)."""
     from einspace.bundled import load
     from einspace.checker import check_tree
     from einspace.state import input_state
     from einspace.tree import parse_tree
 
-    started = time.perf_counter()
+    meter = _Meter()
     try:
         grammar = load(task.grammar)
         state = input_state(task.input_shape, task.mode)
         checked = check_tree(parse_tree(task.tree), grammar, state)
-        evaluator = get_evaluator(task.evaluator, task.settings)
+        evaluator = get_evaluator(task.evaluator, task_settings(task))
         metrics = evaluator.evaluate(checked, task.random_seed)
         fitness = float(metrics["fitness"])
+    except EvaluationFailed as exc:
+        return meter.failure(str(exc), exc.progress)
     except EinspaceError as exc:
-        return Result.failure(str(exc), time.perf_counter() - started)
+        return meter.failure(str(exc))
     except Exception as exc:  # noqa: BLE001 - an evaluation must never take the search down
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return Result.failure(f"evaluator crashed: {detail}", time.perf_counter() - started)
-    if not math.isfinite(fitness):
-        return Result.failure(f"fitness is {fitness}", time.perf_counter() - started)
+        return meter.failure(f"evaluator crashed: {detail}")
     clean = {k: float(v) for k, v in metrics.items()}
-    return Result("ok", fitness, clean, None, time.perf_counter() - started)
+    partial = bool(clean.pop("partial", 0.0))
+    progress = {k: clean[k] for k in PROGRESS_METRICS if k in clean}
+    if not math.isfinite(fitness):
+        return meter.failure(f"fitness is {fitness}", progress)
+    return Result("ok", fitness, clean, None, meter.seconds, meter.cost(progress), partial)

@@ -23,6 +23,7 @@ __all__ = [
     "ExecutorSection",
     "Experiment",
     "InputSection",
+    "MultiFidelitySection",
     "StrategySection",
     "load_experiment",
     "parse_experiment",
@@ -52,6 +53,13 @@ _SPEC: dict[str, Any] = {
     "strategy": {"name": ((str,), "regularised_evolution"), "settings": ((dict,), {})},
     "seeds": ((list,), []),
     "plugins": ((list,), []),
+    "multi_fidelity": {
+        "scheduler": ((str,), "none"),  # none | successive_halving (einspace.search.successive_halving)
+        "eta": ((int,), 3),  # the best 1/eta of each rung is promoted
+        "min_fidelity": ((int,), 1),  # the lowest rung (epochs, for the training evaluator)
+        "max_fidelity": ((int, None), None),  # the top rung; None: the evaluator's own (its epochs)
+        "rungs": ((list, None), None),  # explicit increasing fidelities, instead of min/max/eta
+    },
     "executor": {
         "kind": ((str,), "ray"),
         "max_in_flight": ((int,), 1),
@@ -146,6 +154,49 @@ class StrategySection:
 
 
 @dataclass(frozen=True)
+class MultiFidelitySection:
+    """Multi-fidelity scheduling (README, "Spending compute where it pays"): `scheduler` none, or
+    successive_halving over the rungs. A checked experiment holds the rungs resolved (from
+    min/max/eta and the evaluator's own fidelity when not given), so a run stores what it used."""
+
+    scheduler: str  # none | successive_halving
+    eta: int
+    min_fidelity: int
+    max_fidelity: int | None
+    rungs: tuple[int, ...] | None
+
+    @property
+    def enabled(self) -> bool:
+        return self.scheduler != "none"
+
+    def resolved(self, evaluator: Any, source: str) -> MultiFidelitySection:
+        """The section with its rungs worked out for `evaluator` (an Evaluator instance), or a
+        ConfigError naming the key when the evaluator has no fidelity or the rungs exceed it."""
+        from einspace.search.successive_halving import default_rungs
+
+        if not self.enabled:
+            return self
+        if evaluator.fidelity_setting is None:
+            raise ConfigError(
+                f"{source}: multi_fidelity.scheduler {self.scheduler!r} trains at increasing fidelities, "
+                f"but evaluator {evaluator.name!r} has none (the training evaluator's is its epochs)"
+            )
+        full, setting = evaluator.full_fidelity(), f"evaluator.settings.{evaluator.fidelity_setting}"
+        top = self.max_fidelity if self.max_fidelity is not None else full
+        key = "multi_fidelity.rungs" if self.rungs is not None else "multi_fidelity.max_fidelity"
+        if top > full or (self.rungs is not None and self.rungs[-1] > full):
+            highest = self.rungs[-1] if self.rungs is not None else top
+            raise ConfigError(f"{source}: {key}: the top rung {highest} is above {setting} ({full})")
+        rungs = default_rungs(self.min_fidelity, top, self.eta) if self.rungs is None else list(self.rungs)
+        if len(rungs) < 2:
+            raise ConfigError(
+                f"{source}: {key}: min_fidelity {self.min_fidelity} and top rung {top} leave one rung "
+                f"{rungs}; successive halving needs two or more (lower min_fidelity or raise {setting})"
+            )
+        return replace(self, rungs=tuple(rungs), max_fidelity=rungs[-1])
+
+
+@dataclass(frozen=True)
 class ExecutorSection:
     """Where evaluations run and with which resources (README, "On a pool of GPUs"); these may
     change when a run is resumed."""
@@ -180,6 +231,7 @@ class Experiment:
     strategy: StrategySection
     seeds: tuple[str, ...]
     plugins: tuple[str, ...]
+    multi_fidelity: MultiFidelitySection
     executor: ExecutorSection
     source: str = field(default="<experiment>", compare=False)
 
@@ -199,6 +251,7 @@ class Experiment:
             strategy=StrategySection(**data["strategy"]),
             seeds=tuple(data["seeds"]),
             plugins=tuple(data["plugins"]),
+            multi_fidelity=_multi_fidelity(data["multi_fidelity"]),
             executor=ExecutorSection(**data["executor"]),
             source=source,
         )
@@ -255,12 +308,19 @@ class Experiment:
             raise ConfigError(f"{self.source}: evaluator {self.evaluator.name!r}: {exc}") from None
 
     def make_strategy(self, space: Any = None):  # noqa: ANN201 - Strategy
+        """The strategy, inside the multi-fidelity scheduler when one is on (its rungs resolved)."""
         from einspace.search.strategy import get_strategy
+        from einspace.search.successive_halving import SuccessiveHalving
 
-        s = self.strategy
-        return get_strategy(s.name, space or self.space(), self.random_seed, s.settings)
+        s, m = self.strategy, self.multi_fidelity
+        strategy = get_strategy(s.name, space or self.space(), self.random_seed, s.settings)
+        if not m.enabled:
+            return strategy
+        if m.rungs is None:
+            raise EinspaceError("the multi_fidelity rungs are not resolved: check the experiment first")
+        return SuccessiveHalving(strategy, m.rungs, m.eta)
 
-    def task(self, tree: str):  # noqa: ANN201 - Task
+    def task(self, tree: str, fidelity: int | None = None):  # noqa: ANN201 - Task
         from einspace.evaluators.base import Task
 
         return Task(
@@ -271,6 +331,7 @@ class Experiment:
             settings=self.evaluator.settings,
             mode=self.input.mode,
             random_seed=self.random_seed,
+            fidelity=fidelity,
         )
 
     def make_executor(self, address: str | None = None):  # noqa: ANN201 - Executor
@@ -329,8 +390,7 @@ def parse_experiment(raw: Any, source: str = "<experiment>", base: Path | None =
     _resolve_paths(data, base or Path.cwd(), source)
     _check_values(data, source)
     try:
-        experiment = Experiment.from_dict(data, source)
-        _check_references(experiment)
+        experiment = _check_references(Experiment.from_dict(data, source))
     except ConfigError:
         raise
     except EinspaceError as exc:
@@ -349,8 +409,43 @@ def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> None:
         data[key] = [_resolve(item, base) for item in data[key]]
 
 
+def _multi_fidelity(data: dict[str, Any]) -> MultiFidelitySection:
+    rungs = data["rungs"]
+    return MultiFidelitySection(**{**data, "rungs": None if rungs is None else tuple(rungs)})
+
+
+def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
+    """The scheduler's name and numbers, before anything is loaded (their fit to the evaluator's
+    fidelity is `MultiFidelitySection.resolved`)."""
+    if m["scheduler"] not in SCHEDULERS:
+        known = " or ".join(repr(name) for name in SCHEDULERS)
+        raise ConfigError(f"{source}: multi_fidelity.scheduler must be {known}, got {m['scheduler']!r}")
+    if m["eta"] < 2:
+        raise ConfigError(
+            f"{source}: multi_fidelity.eta must be an integer >= 2 (the best 1/eta of a rung is "
+            f"promoted), got {m['eta']!r}"
+        )
+    for key in ("min_fidelity", "max_fidelity"):
+        if m[key] is not None and m[key] < 1:
+            raise ConfigError(f"{source}: multi_fidelity.{key} must be a positive integer, got {m[key]!r}")
+    rungs = m["rungs"]
+    if rungs is not None:
+        if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in rungs):
+            raise ConfigError(f"{source}: multi_fidelity.rungs must be positive integers, got {rungs!r}")
+        if len(rungs) < 2 or any(b <= a for a, b in zip(rungs, rungs[1:], strict=False)):
+            raise ConfigError(
+                f"{source}: multi_fidelity.rungs must be two or more strictly increasing fidelities, "
+                f"got {rungs!r}"
+            )
+
+
+#: The multi-fidelity schedulers an experiment may name.
+SCHEDULERS = ("none", "successive_halving")
+
+
 def _check_values(data: dict[str, Any], source: str) -> None:
-    """What types alone do not say: the input's shape and mode, the sampling mode, the executor."""
+    """What types alone do not say: the input's shape and mode, the sampling mode, the
+    multi-fidelity numbers, the executor."""
     from einspace.sampling import SAMPLING_MODES
 
     shape, mode = data["input"]["shape"], data["input"]["mode"]
@@ -361,6 +456,7 @@ def _check_values(data: dict[str, Any], source: str) -> None:
     if data["sampling"] not in SAMPLING_MODES:
         known = " or ".join(repr(m) for m in SAMPLING_MODES)
         raise ConfigError(f"{source}: sampling must be {known}, got {data['sampling']!r}")
+    _check_multi_fidelity(data["multi_fidelity"], source)
     x = data["executor"]
     if x["kind"] not in ("ray", "in_process"):
         raise ConfigError(f"{source}: executor.kind must be 'ray' or 'in_process', got {x['kind']!r}")
@@ -374,17 +470,21 @@ def _check_values(data: dict[str, Any], source: str) -> None:
         )
 
 
-def _check_references(experiment: Experiment) -> None:
-    """Load what the experiment names: plugins, evaluator, grammar (consistent), seeds, strategy."""
+def _check_references(experiment: Experiment) -> Experiment:
+    """Load what the experiment names: plugins, evaluator (and the multi-fidelity rungs it
+    allows), grammar (consistent), seeds, strategy. Returns the experiment with its rungs resolved."""
     from einspace.evaluators.base import get_evaluator
     from einspace.grammar.analysis import require_consistent
     from einspace.search.executors import load_plugins
 
     load_plugins(experiment.plugins)
-    get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
+    evaluator = get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
+    multi_fidelity = experiment.multi_fidelity.resolved(evaluator, experiment.source)
+    experiment = replace(experiment, multi_fidelity=multi_fidelity)
     space = experiment.space()
     require_consistent(space.grammar, space.input.mode, experiment.allow_inconsistent)
     experiment.make_strategy(space)
+    return experiment
 
 
 def load_experiment(path: str | Path) -> Experiment:

@@ -204,7 +204,8 @@ class _Session:
         self.should_stop, self.max_results = should_stop, max_results
         self.queue: deque[Candidate] = deque(self.strategy.pending())  # asked before a crash, never told
         self.in_flight: dict[int, Candidate] = {}
-        self.waiting: dict[str, list[Candidate]] = {}  # hash of each tree in flight -> its duplicates
+        #: (hash, fidelity) of each evaluation in flight -> the duplicates waiting for it
+        self.waiting: dict[tuple[str, int | None], list[Candidate]] = {}
         self.summary = RunSummary()
 
     def run(self) -> RunSummary:
@@ -250,10 +251,10 @@ class _Session:
         if existing is not None and existing.finished:
             self.summary.replayed += 1  # committed before a crash, never told
             self._tell(candidate, existing)
-        elif (original := self.store.find_hash(candidate.hash)) is not None:
+        elif (original := self.store.find_hash(*candidate.key)) is not None:
             self._finish_cached(candidate, original)
-        elif candidate.hash in self.waiting:
-            self.waiting[candidate.hash].append(candidate)
+        elif candidate.key in self.waiting:
+            self.waiting[candidate.key].append(candidate)
         else:
             if existing is not None:  # running when the last session stopped
                 self.summary.requeued += 1
@@ -271,19 +272,20 @@ class _Session:
 
     def _submit(self, candidate: Candidate) -> None:
         self.store.submit(_record(candidate))
-        self.executor.submit(candidate.id, self.experiment.task(candidate.tree))
+        self.executor.submit(candidate.id, self.experiment.task(candidate.tree, candidate.fidelity))
         self.in_flight[candidate.id] = candidate
-        self.waiting[candidate.hash] = []
+        self.waiting[candidate.key] = []
 
     def _complete(self, done: Finished) -> None:
         """Commit a finished evaluation and tell it, then serve the duplicates that waited for it."""
         candidate = self.in_flight.pop(done.key)
         r = done.result
         outcome = {"fitness": r.fitness, "metrics": r.metrics, "error": r.error, "seconds": r.seconds}
+        outcome.update(partial=r.partial, cost=r.cost.to_json())
         record = self.store.finish(_record(candidate, status=r.status, worker=done.worker, **outcome))
         self.summary.evaluated += 1
         self._tell(candidate, record)
-        for duplicate in self.waiting.pop(candidate.hash):
+        for duplicate in self.waiting.pop(candidate.key):
             self._finish_cached(duplicate, record)
 
     def _finish_cached(self, candidate: Candidate, original: Record) -> None:
@@ -295,13 +297,15 @@ class _Session:
             error=original.error,
             cached_from=original.id,
             seconds=0.0,
+            partial=original.partial,
         )
         self.summary.cached += 1
         self._tell(candidate, self.store.finish(copy))
 
     def _tell(self, candidate: Candidate, record: Record) -> None:
         """Tell the strategy a committed result, then checkpoint it."""
-        self.strategy.tell(candidate.id, record.fitness if record.fitness is not None else float("-inf"))
+        fitness = record.fitness if record.fitness is not None else float("-inf")
+        self.strategy.tell(candidate.id, fitness, partial=record.partial)
         self.store.save_checkpoint(self.strategy.state_dict())
         self.summary.count(record)
         if self.on_result is not None:
@@ -311,7 +315,13 @@ class _Session:
 def _record(candidate: Candidate, **outcome: Any) -> Record:
     """The candidate's record: running without an outcome, finished with one."""
     return Record(
-        candidate.id, candidate.tree, candidate.hash, candidate.origin, candidate.parents, **outcome
+        candidate.id,
+        candidate.tree,
+        candidate.hash,
+        candidate.origin,
+        candidate.parents,
+        fidelity=candidate.fidelity,
+        **outcome,
     )
 
 

@@ -17,8 +17,9 @@ from einspace.errors import EinspaceError
 
 __all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "Store", "StoreError"]
 
-#: Bumped whenever the tables change; a store written by a newer einspace is refused, not guessed at.
-SCHEMA_VERSION = 1
+#: Bumped whenever the tables change; a store written by a newer einspace is refused, not guessed at,
+#: and an older one is upgraded in place when it is opened (`_MIGRATIONS`).
+SCHEMA_VERSION = 2
 
 
 class StoreError(EinspaceError):
@@ -27,7 +28,9 @@ class StoreError(EinspaceError):
 
 @dataclass(frozen=True)
 class Record:
-    """One evaluation. `state` is "running" until `status` ("ok", "failed" or "cached") is set."""
+    """One evaluation. `state` is "running" until `status` ("ok", "failed" or "cached") is set.
+    `fidelity` is what the evaluation was asked to train for (None: the evaluator's own setting);
+    `partial` marks an ok result scored before reaching it; `cost` is `Cost.to_json()`."""
 
     id: int
     tree: str
@@ -45,6 +48,9 @@ class Record:
     seconds: float | None = None
     worker: str | None = None
     seq: int | None = None  # finishing order, 1, 2, ...: the run's history
+    fidelity: int | None = None
+    partial: bool = False
+    cost: dict[str, float] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -77,8 +83,9 @@ class Store(ABC):
     def get(self, id: int) -> Record | None: ...
 
     @abstractmethod
-    def find_hash(self, hash: str) -> Record | None:
-        """The evaluated (ok or failed, not cached) record of a tree with this hash, if any."""
+    def find_hash(self, hash: str, fidelity: int | None = None) -> Record | None:
+        """The evaluated (ok or failed, not cached) record of a tree with this hash at this
+        fidelity, if any (the same tree trained for fewer epochs is another result)."""
 
     @abstractmethod
     def history(self) -> list[Record]:
@@ -121,7 +128,10 @@ CREATE TABLE IF NOT EXISTS evaluations (
     finished_at REAL,
     seconds REAL,
     worker TEXT,
-    seq INTEGER UNIQUE
+    seq INTEGER UNIQUE,
+    fidelity INTEGER,
+    partial INTEGER NOT NULL DEFAULT 0,
+    cost TEXT
 );
 CREATE INDEX IF NOT EXISTS evaluations_hash ON evaluations (hash, status);
 CREATE TABLE IF NOT EXISTS checkpoint (
@@ -131,8 +141,17 @@ CREATE TABLE IF NOT EXISTS checkpoint (
 
 _COLUMNS = (
     "id, tree, hash, origin, parents, state, status, fitness, metrics, error, cached_from, "
-    "submitted_at, finished_at, seconds, worker, seq"
+    "submitted_at, finished_at, seconds, worker, seq, fidelity, partial, cost"
 )
+
+#: Statements that bring a store of version k (the key) to version k + 1.
+_MIGRATIONS = {
+    1: (
+        "ALTER TABLE evaluations ADD COLUMN fidelity INTEGER",
+        "ALTER TABLE evaluations ADD COLUMN partial INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE evaluations ADD COLUMN cost TEXT",
+    ),
+}
 
 
 def _fitness_in(value: float | None) -> float | None:
@@ -182,6 +201,17 @@ class SQLiteStore(Store):
                 f"{self.path} has schema version {version}, newer than this einspace's {SCHEMA_VERSION}; "
                 "upgrade einspace to read it"
             )
+        elif version < SCHEMA_VERSION:
+            self._upgrade(version)
+
+    def _upgrade(self, version: int) -> None:
+        """Bring an older store to SCHEMA_VERSION in one transaction (what it lacks gets defaults:
+        no fidelity, not partial, no recorded cost)."""
+        with self._tx():
+            for step in range(version, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[step]:
+                    self._db.execute(statement)
+            self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _version(self) -> int | None:
         exists = self._db.execute("SELECT name FROM sqlite_master WHERE name = 'meta'").fetchone()
@@ -199,8 +229,9 @@ class SQLiteStore(Store):
             if old and old[0] == "finished":
                 raise StoreError(f"evaluation {record.id} is already finished; it cannot run again")
             self._db.execute(
-                "INSERT OR REPLACE INTO evaluations (id, state, tree, hash, origin, parents, submitted_at) "
-                "VALUES (?, 'running', ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO evaluations "
+                "(id, state, tree, hash, origin, parents, submitted_at, fidelity) "
+                "VALUES (?, 'running', ?, ?, ?, ?, ?, ?)",
                 (
                     record.id,
                     record.tree,
@@ -208,6 +239,7 @@ class SQLiteStore(Store):
                     record.origin,
                     json.dumps(list(record.parents)),
                     record.submitted_at if record.submitted_at is not None else time.time(),
+                    record.fidelity,
                 ),
             )
 
@@ -223,7 +255,7 @@ class SQLiteStore(Store):
             submitted = record.submitted_at if record.submitted_at is not None else (row[1] if row else None)
             finished_at = record.finished_at if record.finished_at is not None else time.time()
             self._db.execute(
-                f"INSERT OR REPLACE INTO evaluations ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+                f"INSERT OR REPLACE INTO evaluations ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
                 (
                     record.id,
                     record.tree,
@@ -241,6 +273,9 @@ class SQLiteStore(Store):
                     record.seconds,
                     record.worker,
                     seq,
+                    record.fidelity,
+                    int(record.partial),
+                    json.dumps(record.cost),
                 ),
             )
         return self.get(record.id)  # type: ignore[return-value]
@@ -265,6 +300,9 @@ class SQLiteStore(Store):
                 seconds=r[13],
                 worker=r[14],
                 seq=r[15],
+                fidelity=r[16],
+                partial=bool(r[17]),
+                cost=json.loads(r[18]) if r[18] else {},
             )
             for r in rows
         ]
@@ -273,8 +311,11 @@ class SQLiteStore(Store):
         rows = self._rows("WHERE id = ?", (id,))
         return rows[0] if rows else None
 
-    def find_hash(self, hash: str) -> Record | None:
-        rows = self._rows("WHERE hash = ? AND status IN ('ok', 'failed') ORDER BY seq LIMIT 1", (hash,))
+    def find_hash(self, hash: str, fidelity: int | None = None) -> Record | None:
+        rows = self._rows(
+            "WHERE hash = ? AND fidelity IS ? AND status IN ('ok', 'failed') ORDER BY seq LIMIT 1",
+            (hash, fidelity),
+        )
         return rows[0] if rows else None
 
     def history(self) -> list[Record]:

@@ -42,8 +42,14 @@ class Candidate:
     id: int
     tree: str  # canonical bracket text (`to_text`), never a pickled tree
     hash: str  # `content_hash` of the tree: computed where the tree object is at hand (parsing is slow)
-    origin: str  # "sampled", "seed:<name>", "mutation" or "crossover"
+    origin: str  # "sampled", "seed:<name>", "mutation", "crossover" or "promotion"
     parents: tuple[int, ...] = ()
+    fidelity: int | None = None  # what to train it for (epochs); None: the evaluator's own setting
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        """What makes two evaluations the same: the tree and the fidelity it is trained at."""
+        return self.hash, self.fidelity
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,11 +58,19 @@ class Candidate:
             "hash": self.hash,
             "origin": self.origin,
             "parents": list(self.parents),
+            "fidelity": self.fidelity,
         }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Candidate:
-        return Candidate(int(data["id"]), data["tree"], data["hash"], data["origin"], tuple(data["parents"]))
+        return Candidate(
+            int(data["id"]),
+            data["tree"],
+            data["hash"],
+            data["origin"],
+            tuple(data["parents"]),
+            data.get("fidelity"),  # absent in checkpoints written before multi-fidelity search
+        )
 
 
 @dataclass
@@ -101,8 +115,11 @@ class Strategy(ABC):
 
     - `ask()` returns the next `Candidate`, or None when it has nothing to propose right now
       (budget used up, or waiting for results it needs, e.g. an empty population).
-    - `tell(id, fitness)` is called exactly once per asked id, in any order; fitness is maximised
-      and a failed evaluation is told as -inf. Telling an unknown or already-told id is an error.
+    - `tell(id, fitness, partial=False)` is called exactly once per asked id, in any order; fitness
+      is maximised and a failed evaluation is told as -inf. Telling an unknown or already-told id
+      is an error. `partial`: the result was scored before reaching its fidelity (a time budget
+      stopped training); the built-in strategies take its fitness as it is (the shorter training
+      already lowers it), and successive halving never promotes it.
     - `pending()` lists the asked-but-untold candidates (to re-queue after a crash).
     - `done` is true when the budget is used up and nothing is pending.
     - `state_dict()` is JSON-able and complete (RNG included): a fresh strategy given
@@ -156,13 +173,17 @@ class Strategy(ABC):
         """Drop a cached tree the strategy will not vary again."""
         self._trees.pop(candidate_id, None)
 
-    def tell(self, candidate_id: int, fitness: float) -> None:
+    def tell(self, candidate_id: int, fitness: float, partial: bool = False) -> None:
+        self._observe(self._take_pending(candidate_id), float(fitness))
+
+    def _take_pending(self, candidate_id: int) -> Candidate:
+        """The pending candidate `candidate_id`, no longer pending (an error if it was not)."""
         candidate = self._pending.pop(candidate_id, None)
         if candidate is None:
             raise EinspaceError(
                 f"strategy {self.name!r} was told about candidate {candidate_id}, not pending"
             )
-        self._observe(candidate, float(fitness))
+        return candidate
 
     def pending(self) -> list[Candidate]:
         return sorted(self._pending.values(), key=lambda c: c.id)

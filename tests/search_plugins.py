@@ -91,3 +91,25 @@ class WhereEvaluator(Evaluator):
         with open(self.log / f"{os.getpid()}.jsonl", "a") as f:
             f.write(json.dumps(entry) + "\n")
         return _analytic(checked)
+
+
+@register_evaluator
+class FidelityEvaluator(Evaluator):
+    """`test_params` with a fidelity (`epochs` of pretend training): fewer epochs lower the score
+    by a tree-dependent amount, so a low rung ranks trees nearly, not exactly, as the top does.
+    Reports its progress (epochs, steps) as the training evaluator does."""
+
+    name = "test_fidelity"
+    fidelity_setting = "epochs"
+
+    def __init__(self, epochs: int = 9):
+        self.epochs = epochs
+
+    def full_fidelity(self) -> int:
+        return self.epochs
+
+    def evaluate(self, checked, random_seed):
+        metrics = _analytic(checked)
+        noise = int(content_hash(checked.tree)[:8], 16) / 2**32
+        metrics["fitness"] -= noise / self.epochs
+        return {**metrics, "epochs": float(self.epochs), "steps": float(10 * self.epochs)}

@@ -107,6 +107,13 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
         },
         "seeds": [],
         "plugins": [PLUGIN],
+        "multi_fidelity": {
+            "scheduler": "none",
+            "eta": 3,
+            "min_fidelity": 1,
+            "max_fidelity": None,
+            "rungs": None,
+        },
         "executor": {
             "kind": "in_process",
             "max_in_flight": 1,
@@ -126,5 +133,5 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
     assert identity["strategy"]["settings"] == {"population": 10, "tournament": 3}
     assert list(identity["plugin_content"]) == [PLUGIN]
     assert Experiment.from_json(e.to_json(), "test.yaml") == e
-    older = {k: v for k, v in stored.items() if k not in ("sampling", "allow_inconsistent")}
+    older = {k: v for k, v in stored.items() if k not in ("sampling", "allow_inconsistent", "multi_fidelity")}
     assert Experiment.from_json(json.dumps(older), "test.yaml") == e  # keys added since: defaults

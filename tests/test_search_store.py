@@ -99,21 +99,68 @@ def test_a_file_that_is_not_a_store_is_refused(tmp_path):
         SQLiteStore(tmp_path / "s.sqlite")
 
 
-def test_version_1_store_written_by_sql_opens(tmp_path):
-    """An old (version 1) store, built from literal SQL rather than this code, still reads."""
-    db = sqlite3.connect(tmp_path / "old.sqlite")
-    from einspace.search.store import _SCHEMA
+#: The tables of a version-1 store (einspace before compute accounting), as literal SQL.
+_VERSION_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE evaluations (
+    id INTEGER PRIMARY KEY, state TEXT NOT NULL, status TEXT, tree TEXT NOT NULL, hash TEXT NOT NULL,
+    origin TEXT NOT NULL, parents TEXT NOT NULL, fitness REAL, metrics TEXT, error TEXT,
+    cached_from INTEGER, submitted_at REAL, finished_at REAL, seconds REAL, worker TEXT, seq INTEGER UNIQUE
+);
+CREATE TABLE checkpoint (id INTEGER PRIMARY KEY CHECK (id = 0), written_at REAL NOT NULL, state TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '1');
+INSERT INTO evaluations (id, state, status, tree, hash, origin, parents, fitness, metrics, seq)
+VALUES (0, 'finished', 'ok', '(S (C relu))', 'abc', 'sampled', '[]', 0.25, '{}', 1);
+"""
 
-    db.executescript(_SCHEMA)
-    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
-    db.execute(
-        "INSERT INTO evaluations (id, state, status, tree, hash, origin, parents, fitness, metrics, seq) "
-        "VALUES (0, 'finished', 'ok', '(S (C relu))', 'abc', 'sampled', '[]', 0.25, '{}', 1)"
-    )
+
+@pytest.mark.parametrize("writer", [False, True])
+def test_version_1_store_is_upgraded_and_keeps_its_records(tmp_path, writer):
+    """An old (version 1) store, built from literal SQL rather than this code, is upgraded in
+    place: its records read back, with no fidelity, not partial and no recorded cost, and new
+    records with those fields can be written."""
+    db = sqlite3.connect(tmp_path / "old.sqlite")
+    db.executescript(_VERSION_1)
     db.commit()
     db.close()
-    store = SQLiteStore(tmp_path / "old.sqlite")
-    assert [(r.id, r.fitness, r.tree) for r in store.history()] == [(0, 0.25, "(S (C relu))")]
+    store = SQLiteStore(tmp_path / "old.sqlite", writer=writer)
+    [old] = store.history()
+    assert (old.id, old.fitness, old.tree, old.fidelity, old.partial, old.cost) == (
+        0,
+        0.25,
+        "(S (C relu))",
+        None,
+        False,
+        {},
+    )
+    assert store.get_meta("schema_version") == str(SCHEMA_VERSION)
+    new = store.finish(
+        Record(
+            1,
+            "t",
+            "h",
+            "promotion",
+            (0,),
+            status="ok",
+            fitness=0.5,
+            fidelity=3,
+            partial=True,
+            cost={"steps": 7},
+        )
+    )
+    assert (new.fidelity, new.partial, new.cost) == (3, True, {"steps": 7})
+    store.close()
+    assert SQLiteStore(tmp_path / "old.sqlite").get(1) == new  # upgraded once: reopening is plain
+
+
+def test_find_hash_is_per_fidelity(open_store):
+    store = open_store()
+    store.finish(Record(0, "t", "same", "sampled", status="ok", fitness=0.5, fidelity=1))
+    store.finish(Record(1, "t", "same", "promotion", (0,), status="ok", fitness=0.7, fidelity=3))
+    assert store.find_hash("same", 1).id == 0
+    assert store.find_hash("same", 3).id == 1
+    assert store.find_hash("same", 9) is None
+    assert store.find_hash("same") is None  # the evaluator's own fidelity was never evaluated
 
 
 def test_one_writer_per_run(tmp_path):

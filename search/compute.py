@@ -1,0 +1,101 @@
+"""A run's results read against the compute it spent: what each evaluation cost, the best result so
+far after each, and how much went into evaluations that failed.
+
+Compute is `Cost.compute_seconds` (GPU seconds where a GPU trained, else CPU seconds). Cached
+duplicates cost nothing. Records of stores written before compute was recorded have no cost and
+count as their wall seconds, the closest measure they kept.
+
+The incumbent of a multi-fidelity run is the best result at the highest fidelity reached so far
+(a network trained for one epoch is not compared with one trained for eight); a run without
+fidelities has one level, so its incumbent is simply its best result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from einspace.evaluators.base import Cost
+from einspace.search.store import Record
+
+__all__ = ["ComputeSummary", "best_so_far", "compute_of", "incumbent", "summarise", "wasted"]
+
+
+def compute_of(record: Record) -> float:
+    """Compute seconds one finished evaluation spent (0 for a cached duplicate)."""
+    if record.status == "cached":
+        return 0.0
+    if not record.cost:
+        return record.seconds or 0.0
+    return Cost.from_json(record.cost).compute_seconds
+
+
+def _level(record: Record) -> float:
+    """How far up the fidelities a record was asked to train (None: the evaluator's own, the top)."""
+    return math.inf if record.fidelity is None else float(record.fidelity)
+
+
+def _beats(record: Record, best: Record | None) -> bool:
+    """Whether `record` is scored and better than the incumbent `best`: higher fidelity first,
+    then higher fitness (ties keep the earlier)."""
+    if record.status == "failed" or record.fitness is None or not math.isfinite(record.fitness):
+        return False
+    return best is None or (_level(record), record.fitness) > (_level(best), best.fitness)
+
+
+def incumbent(history: Iterable[Record]) -> Record | None:
+    """The best scored record at the highest fidelity any scored record reached (ties: the first)."""
+    best: Record | None = None
+    for r in history:
+        if _beats(r, best):
+            best = r
+    return best
+
+
+def best_so_far(history: Iterable[Record]) -> list[tuple[float, float | None]]:
+    """After each finished record, in finishing order: (cumulative compute seconds, the
+    incumbent's fitness then, None before any result)."""
+    points: list[tuple[float, float | None]] = []
+    total, best = 0.0, None
+    for r in history:
+        total += compute_of(r)
+        if _beats(r, best):
+            best = r
+        points.append((total, best.fitness if best is not None else None))
+    return points
+
+
+def wasted(history: Iterable[Record]) -> float:
+    """Compute seconds spent on evaluations that failed."""
+    return sum(compute_of(r) for r in history if r.status == "failed")
+
+
+@dataclass(frozen=True)
+class ComputeSummary:
+    """What a run spent: in all, on failures, by fidelity, and when the incumbent was found."""
+
+    total: float
+    wasted: float
+    by_fidelity: dict[int | None, tuple[int, float]]  # fidelity -> (evaluations, compute seconds)
+    partial: int  # ok results scored before reaching their fidelity
+    incumbent_at: float | None  # cumulative compute when the current incumbent finished
+
+    @property
+    def wasted_share(self) -> float:
+        return self.wasted / self.total if self.total else 0.0
+
+
+def summarise(history: list[Record]) -> ComputeSummary:
+    by_fidelity: dict[int | None, tuple[int, float]] = {}
+    total, at = 0.0, None
+    best = incumbent(history)
+    for r in history:
+        total += compute_of(r)
+        if r is best:
+            at = total
+        if r.status != "cached":
+            n, seconds = by_fidelity.get(r.fidelity, (0, 0.0))
+            by_fidelity[r.fidelity] = (n + 1, seconds + compute_of(r))
+    partial = sum(r.partial and r.status == "ok" for r in history)
+    return ComputeSummary(total, wasted(history), by_fidelity, partial, at)

@@ -1,0 +1,189 @@
+"""Asynchronous successive halving (ASHA; Li et al., "A System for Massively Parallel Hyperparameter
+Tuning", MLSys 2020) around any strategy: cheap first looks at many architectures, full training
+for the few that earn it.
+
+Every architecture the wrapped strategy proposes is first trained at the lowest rung (its fewest
+epochs). Whenever a slot is free, the scheduler looks from the top rung down for a result in the
+best 1/eta of its rung that has not been promoted, and trains that tree at the next rung; only
+when there is none does it ask the wrapped strategy for a new architecture. No rung waits to fill
+up, so every worker stays busy (the asynchronous rule of ASHA, Algorithm 2 of the paper).
+
+What the wrapped strategy hears: the lowest rung's result of each architecture it proposed, a
+fitness all its architectures share, so regularised evolution's tournaments compare like with like.
+Higher rungs decide what the run reports as its best (`einspace.search.compute.incumbent`).
+
+Every rung's result is its own evaluation in the store (origin "promotion", the lower rung's
+evaluation as its parent), so a killed run resumes with nothing lost; promotions are part of the
+checkpoint, so none is made twice. A result scored before reaching its rung's fidelity (a time
+budget stopped it: `partial`) is never promoted, since more epochs would not fit either, and a
+tree's repeated proposals count once per rung.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from einspace.errors import EinspaceError
+from einspace.search.strategy import Candidate, Strategy
+
+__all__ = ["SuccessiveHalving", "default_rungs"]
+
+
+def default_rungs(min_fidelity: int, max_fidelity: int, eta: int) -> list[int]:
+    """min, min·eta, min·eta², ... below max, then max (Hyperband's geometric rungs)."""
+    rungs, fidelity = [], min_fidelity
+    while fidelity < max_fidelity:
+        rungs.append(fidelity)
+        fidelity *= eta
+    return rungs + [max_fidelity]
+
+
+class _Rung:
+    """The finished results at one fidelity: job id -> (tree, hash, fitness), first per tree only,
+    and which of them were promoted."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, tuple[str, str, float]] = {}
+        self.hashes: set[str] = set()
+        self.promoted: set[int] = set()
+
+    def add(self, job: int, tree: str, hash: str, fitness: float, promotable: bool) -> None:
+        if hash in self.hashes:
+            return  # a repeated tree (its result came from the cache): one entry per tree
+        self.hashes.add(hash)
+        self.results[job] = (tree, hash, fitness if promotable else float("-inf"))
+
+    def next_promotion(self, eta: int) -> int | None:
+        """The best job in this rung's top 1/eta not yet promoted (ties: the earliest), or None."""
+        ranked = sorted(self.results, key=lambda job: (-self.results[job][2], job))
+        for job in ranked[: len(ranked) // eta]:
+            if job not in self.promoted and self.results[job][2] != float("-inf"):
+                return job
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        results = [[job, t, h, None if f == float("-inf") else f] for job, (t, h, f) in self.results.items()]
+        return {"results": results, "promoted": sorted(self.promoted)}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> _Rung:
+        rung = _Rung()
+        for job, tree, hash, fitness in data["results"]:
+            rung.results[int(job)] = (tree, hash, float("-inf") if fitness is None else float(fitness))
+            rung.hashes.add(hash)
+        rung.promoted = {int(job) for job in data["promoted"]}
+        return rung
+
+
+class SuccessiveHalving(Strategy):
+    """ASHA over `base`: rungs are increasing fidelities (the evaluator's `fidelity_setting`,
+    epochs for training), eta >= 2 the promotion rate. Candidate ids are this scheduler's own
+    (one per evaluation, every rung); `evaluations` stays the wrapped strategy's budget of new
+    architectures, and promotions come on top of it."""
+
+    name = "successive_halving"
+
+    def __init__(self, base: Strategy, rungs: Sequence[int], eta: int = 3):
+        if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
+            raise EinspaceError(f"successive halving needs an integer eta >= 2, got {eta!r}")
+        if len(rungs) < 2 or any(b <= a for a, b in zip(rungs, rungs[1:], strict=False)) or rungs[0] < 1:
+            raise EinspaceError(f"successive halving needs 2+ increasing rungs >= 1, got {list(rungs)}")
+        self.base, self.rungs, self.eta = base, list(rungs), eta
+        self.space, self.evaluations = base.space, base.evaluations
+        self.reports_mean = base.reports_mean
+        self.next_id = 0
+        self._pending: dict[int, Candidate] = {}
+        self._trees = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._levels = [_Rung() for _ in self.rungs]
+        self._job_of_base: dict[int, int] = {}  # the wrapped strategy's id -> the job at the lowest rung
+        self._base_of_job: dict[int, int] = {}
+
+    # ---------------------------------------------------------------- the contract
+    def ask(self) -> Candidate | None:
+        promotion = self._promotion()
+        if promotion is not None:
+            level, job = promotion
+            self._levels[level].promoted.add(job)
+            tree, hash, _ = self._levels[level].results[job]
+            return self._issue(tree, hash, "promotion", (job,), self.rungs[level + 1])
+        proposal = self.base.ask()
+        if proposal is None:
+            return None
+        parents = tuple(self._job_of_base[p] for p in proposal.parents)
+        candidate = self._issue(proposal.tree, proposal.hash, proposal.origin, parents, self.rungs[0])
+        self._job_of_base[proposal.id] = candidate.id
+        self._base_of_job[candidate.id] = proposal.id
+        return candidate
+
+    def _promotion(self) -> tuple[int, int] | None:
+        """(rung index, job) of the next promotion, from the top rung down (finish the nearly done first)."""
+        for level in range(len(self.rungs) - 2, -1, -1):
+            job = self._levels[level].next_promotion(self.eta)
+            if job is not None:
+                return level, job
+        return None
+
+    def _issue(
+        self, tree: str, hash: str, origin: str, parents: tuple[int, ...], fidelity: int
+    ) -> Candidate:
+        candidate = Candidate(self.next_id, tree, hash, origin, parents, fidelity)
+        self.next_id += 1
+        self._pending[candidate.id] = candidate
+        return candidate
+
+    def tell(self, candidate_id: int, fitness: float, partial: bool = False) -> None:
+        candidate = self._take_pending(candidate_id)
+        level = self.rungs.index(candidate.fidelity)  # type: ignore[arg-type]
+        promotable = not partial and level + 1 < len(self.rungs)
+        self._levels[level].add(candidate.id, candidate.tree, candidate.hash, float(fitness), promotable)
+        base_id = self._base_of_job.pop(candidate.id, None)
+        if base_id is not None:
+            self.base.tell(base_id, fitness, partial=partial)
+
+    @property
+    def done(self) -> bool:
+        return self.base.done and not self._pending and self._promotion() is None
+
+    def promotions(self) -> int:
+        """Promotions issued so far."""
+        return sum(len(level.promoted) for level in self._levels)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "version": self.state_version,
+            "rungs": self.rungs,
+            "eta": self.eta,
+            "next_id": self.next_id,
+            "pending": [c.to_json() for c in self.pending()],
+            "levels": [level.to_json() for level in self._levels],
+            "base_of_job": [[job, base] for job, base in sorted(self._base_of_job.items())],
+            "job_of_base": [[base, job] for base, job in sorted(self._job_of_base.items())],
+            "base": self.base.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("strategy") != self.name or state.get("version") != self.state_version:
+            raise EinspaceError(
+                f"checkpoint is for strategy {state.get('strategy')!r} version {state.get('version')}, "
+                f"not {self.name!r} version {self.state_version} (was successive halving switched on?)"
+            )
+        if state["rungs"] != self.rungs or state["eta"] != self.eta:
+            raise EinspaceError(
+                f"checkpoint has rungs {state['rungs']} and eta {state['eta']}, "
+                f"not {self.rungs} and {self.eta}"
+            )
+        self.base.load_state_dict(state["base"])
+        self.next_id = int(state["next_id"])
+        self._pending = {c.id: c for c in map(Candidate.from_json, state["pending"])}
+        self._reset()
+        self._levels = [_Rung.from_json(level) for level in state["levels"]]
+        self._base_of_job = {int(job): int(base) for job, base in state["base_of_job"]}
+        self._job_of_base = {int(base): int(job) for base, job in state["job_of_base"]}
+
+    def _propose(self) -> None:  # pragma: no cover - `ask` is overridden whole
+        raise NotImplementedError

@@ -1,0 +1,240 @@
+"""Asynchronous successive halving: its rungs, its promotion rule, what the wrapped strategy hears,
+exact resume, a search through the run loop, and the experiment keys it is configured by."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+from search_helpers import BASE, experiment, history_key, merge
+
+from einspace import Limits, input_state, load_grammar
+from einspace.cli import main
+from einspace.errors import EinspaceError
+from einspace.search.config import ConfigError
+from einspace.search.loop import SearchRun
+from einspace.search.strategy import SearchSpace, get_strategy
+from einspace.search.successive_halving import SuccessiveHalving, default_rungs
+
+SPACE = SearchSpace(load_grammar("einspace"), input_state((3, 16, 16)), Limits(max_depth=12, max_nodes=80))
+RE = {"evaluations": 40, "population": 8, "tournament": 3}
+
+
+def fitness(tree: str, fidelity: int) -> float:
+    """Deterministic: longer training scores higher; some trees fail (-inf)."""
+    if len(tree) % 11 == 0:
+        return -math.inf
+    return -abs(len(tree) - 120) / 100 - 1 / fidelity
+
+
+def wrapped(
+    name: str = "regularised_evolution", seed: int = 0, rungs=(1, 3, 9), eta: int = 3
+) -> SuccessiveHalving:
+    settings = RE if name == "regularised_evolution" else {"evaluations": 30}
+    return SuccessiveHalving(get_strategy(name, SPACE, seed, settings), rungs, eta)
+
+
+def drive(s: SuccessiveHalving, in_flight: int = 3, stop_after: int | None = None, partial=lambda c: False):
+    """Ask/tell with up to `in_flight` outstanding, oldest told first; returns the asked candidates."""
+    asked, outstanding = [], list(s.pending())
+    while not s.done and (stop_after is None or len(asked) < stop_after):
+        while len(outstanding) < in_flight and (c := s.ask()) is not None:
+            asked.append(c)
+            outstanding.append(c)
+        if not outstanding:
+            break
+        c = outstanding.pop(0)
+        s.tell(c.id, fitness(c.tree, c.fidelity), partial=partial(c))
+    return asked
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "eta", "rungs"),
+    [(1, 8, 3, [1, 3, 8]), (1, 9, 3, [1, 3, 9]), (2, 8, 2, [2, 4, 8]), (1, 2, 3, [1, 2]), (4, 4, 3, [4])],
+)
+def test_default_rungs_are_geometric_up_to_the_top(low, high, eta, rungs):
+    assert default_rungs(low, high, eta) == rungs
+
+
+@pytest.mark.parametrize(("rungs", "eta"), [((1,), 3), ((3, 1), 3), ((1, 1), 3), ((0, 2), 3), ((1, 3), 1)])
+def test_bad_rungs_or_eta_are_refused(rungs, eta):
+    with pytest.raises(EinspaceError, match="successive halving needs"):
+        wrapped(rungs=rungs, eta=eta)
+
+
+@pytest.mark.parametrize("name", ["regularised_evolution", "random_search"])
+def test_promotions_follow_the_asha_rule(name):
+    """Each promotion is of a result in its rung's top 1/eta when it was made, of a tree that did
+    not fail, never twice; when the run is done, every rung's top 1/eta has been promoted."""
+    s = wrapped(name)
+    asked, results = [], {}  # job id -> (fidelity, fitness)
+    outstanding = []
+    while not s.done:
+        while len(outstanding) < 3 and (c := s.ask()) is not None:
+            if c.origin == "promotion":
+                (parent,) = c.parents
+                low, _ = results[parent]
+                assert c.fidelity == s.rungs[s.rungs.index(low) + 1]
+                peers = sorted((f for fid, f in results.values() if fid == low), reverse=True)
+                assert math.isfinite(results[parent][1])
+                assert results[parent][1] >= peers[len(peers) // s.eta - 1]  # within the top 1/eta
+            else:
+                assert c.fidelity == s.rungs[0]
+            asked.append(c)
+            outstanding.append(c)
+        c = outstanding.pop(0)
+        f = fitness(c.tree, c.fidelity)
+        results[c.id] = (c.fidelity, f)
+        s.tell(c.id, f)
+    promoted = [c.parents[0] for c in asked if c.origin == "promotion"]
+    assert len(promoted) == len(set(promoted)) > 0  # nothing promoted twice
+    assert sum(c.origin != "promotion" for c in asked) == s.evaluations
+    for low, high in zip(s.rungs, s.rungs[1:], strict=False):
+        first = {}  # each tree's first evaluation at this rung: (fitness, job id)
+        for c in asked:
+            if c.fidelity == low and c.tree not in first:
+                first[c.tree] = (results[c.id][1], c.id)
+        ranked = sorted(first, key=lambda t: (-first[t][0], first[t][1]))
+        top = [t for t in ranked[: len(ranked) // s.eta] if math.isfinite(first[t][0])]
+        assert set(top) <= {c.tree for c in asked if c.fidelity == high}  # done: none left behind
+
+
+def test_the_wrapped_strategy_hears_only_the_lowest_rung():
+    s = wrapped()
+    heard = []
+    original = s.base.tell
+    s.base.tell = lambda i, f, partial=False: (heard.append(f), original(i, f, partial=partial))
+    asked = drive(s)
+    lowest = [fitness(c.tree, 1) for c in asked if c.origin != "promotion"]
+    assert sorted(heard) == sorted(lowest) and len(heard) == s.evaluations
+    assert any(c.fidelity == 9 for c in asked)
+
+
+def test_parents_of_mutations_are_the_evaluations_of_their_parent_trees():
+    asked = drive(wrapped())
+    tree_of = {c.id: c.tree for c in asked}
+    mutations = [c for c in asked if c.origin == "mutation"]
+    assert mutations
+    for c in mutations:
+        (parent,) = c.parents
+        assert parent in tree_of and next(a for a in asked if a.id == parent).fidelity == 1
+
+
+def test_partial_and_failed_results_are_never_promoted():
+    every_other = lambda c: c.id % 2 == 0  # noqa: E731
+    asked = drive(wrapped("random_search"), partial=every_other)
+    promoted = [c.parents[0] for c in asked if c.origin == "promotion"]
+    by_id = {c.id: c for c in asked}
+    assert promoted and all(p % 2 == 1 for p in promoted)
+    assert all(math.isfinite(fitness(by_id[p].tree, by_id[p].fidelity)) for p in promoted)
+
+
+@pytest.mark.parametrize("stop_after", [1, 7, 19, 33])
+def test_checkpoint_resumes_exactly(stop_after):
+    """A scheduler restored from the JSON checkpoint at any point asks what the original would."""
+    reference = [(c.id, c.tree, c.origin, c.parents, c.fidelity) for c in drive(wrapped(seed=5))]
+    first = wrapped(seed=5)
+    asked = drive(first, stop_after=stop_after)
+    restored = wrapped(seed=5)
+    restored.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    rest = drive(restored)
+    got = [(c.id, c.tree, c.origin, c.parents, c.fidelity) for c in asked + rest]
+    assert got == reference
+
+
+def test_a_checkpoint_of_other_rungs_is_refused():
+    s = wrapped()
+    drive(s, stop_after=5)
+    with pytest.raises(EinspaceError, match="rungs"):
+        wrapped(rungs=(1, 2, 4, 9)).load_state_dict(s.state_dict())
+    with pytest.raises(EinspaceError, match="successive halving switched on"):
+        wrapped().load_state_dict(s.base.state_dict())
+
+
+def sh_experiment(run_dir, **changes):
+    return experiment(
+        run_dir,
+        evaluator={"name": "test_fidelity", "settings": {"epochs": 9}},
+        multi_fidelity={"scheduler": "successive_halving"},
+        **changes,
+    )
+
+
+def test_a_search_trains_each_rung_at_its_fidelity_and_resumes_exactly(tmp_path):
+    e = sh_experiment(tmp_path / "reference", executor={"max_in_flight": 1})
+    assert e.multi_fidelity.rungs == (1, 3, 9)  # resolved from min_fidelity 1, eta 3 and epochs 9
+    with SearchRun.start(e) as run:
+        assert run.run(e.make_executor()).finished
+        reference = run.store.history()
+    evaluated = [r for r in reference if r.status == "ok"]
+    assert {r.fidelity for r in evaluated} == {1, 3, 9}
+    assert all(r.metrics["epochs"] == r.fidelity == r.cost["epochs"] for r in evaluated)
+    assert all(r.cost["steps"] == 10 * r.fidelity and r.cost["cpu_seconds"] >= 0 for r in evaluated)
+    keys = [(r.hash, r.fidelity) for r in evaluated]
+    assert len(keys) == len(set(keys))  # no tree trained twice at one fidelity
+    assert sum(r.origin != "promotion" for r in reference) == 40
+
+    e2 = sh_experiment(tmp_path / "resumed", executor={"max_in_flight": 1})
+    with SearchRun.start(e2) as run:
+        assert not run.run(e2.make_executor(), max_results=23).finished
+    with SearchRun.start(e2) as run:
+        assert run.run(e2.make_executor()).finished
+        assert history_key(run.store.history()) == history_key(reference)
+
+
+def test_async_search_with_kills_promotes_nothing_twice(tmp_path):
+    e = sh_experiment(tmp_path, executor={"max_in_flight": 4})
+    for stop in (5, 17, 9):
+        with SearchRun.start(e) as run:
+            run.run(e.make_executor(), max_results=stop)
+    with SearchRun.start(e) as run:
+        assert run.run(e.make_executor()).finished
+        history = run.store.history()
+    promoted = [r.parents[0] for r in history if r.origin == "promotion"]
+    assert promoted and len(promoted) == len(set(promoted))
+    assert sorted(r.id for r in history) == list(range(len(history)))
+
+
+BAD = [
+    ({"eta": 1}, "multi_fidelity.eta must be an integer >= 2"),
+    ({"rungs": [3, 1]}, "multi_fidelity.rungs must be two or more strictly increasing"),
+    ({"rungs": [2]}, "multi_fidelity.rungs must be two or more strictly increasing"),
+    ({"rungs": [1, 2.5]}, "multi_fidelity.rungs must be positive integers"),
+    (
+        {"rungs": [1, 3, 20]},
+        r"multi_fidelity.rungs: the top rung 20 is above evaluator.settings.epochs \(9\)",
+    ),
+    (
+        {"max_fidelity": 12},
+        r"multi_fidelity.max_fidelity: the top rung 12 is above evaluator.settings.epochs",
+    ),
+    ({"min_fidelity": 9}, "leave one rung"),
+    ({"min_fidelity": 0}, "multi_fidelity.min_fidelity must be a positive integer"),
+    ({"scheduler": "hyperband"}, "multi_fidelity.scheduler must be 'none' or 'successive_halving'"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), BAD)
+def test_bad_fidelity_settings_exit_2_naming_the_key(tmp_path, capsys, changes, message):
+    raw = merge(
+        BASE,
+        {
+            "run_dir": str(tmp_path / "run"),
+            "evaluator": {"name": "test_fidelity", "settings": {"epochs": 9}},
+            "multi_fidelity": {"scheduler": "successive_halving", **changes},
+        },
+    )
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=message):
+        experiment(tmp_path / "run", **{k: v for k, v in raw.items() if k in ("evaluator", "multi_fidelity")})
+    assert main(["search", str(tmp_path / "exp.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "exp.yaml" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before the search started
+
+
+def test_an_evaluator_without_fidelity_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="evaluator 'test_params' has none"):
+        experiment(tmp_path, multi_fidelity={"scheduler": "successive_halving"})
