@@ -197,15 +197,12 @@ class _Meter:
     def __init__(self) -> None:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
 
-    @property
-    def seconds(self) -> float:
-        return time.perf_counter() - self.wall
-
     def cost(self, progress: dict[str, float]) -> Cost:
-        return Cost.measured(time.process_time() - self.cpu, self.seconds, progress)
+        return Cost.measured(time.process_time() - self.cpu, time.perf_counter() - self.wall, progress)
 
     def failure(self, reason: str, progress: dict[str, float] | None = None) -> Result:
-        return Result.failure(reason, self.seconds, self.cost(progress or {}))
+        cost = self.cost(progress or {})
+        return Result.failure(reason, cost.wall_seconds, cost)
 
 
 def run_task(task: Task) -> Result:
@@ -235,4 +232,5 @@ def run_task(task: Task) -> Result:
     progress = {k: clean[k] for k in PROGRESS_METRICS if k in clean}
     if not math.isfinite(fitness):
         return meter.failure(f"fitness is {fitness}", progress)
-    return Result("ok", fitness, clean, None, meter.seconds, meter.cost(progress), partial)
+    cost = meter.cost(progress)
+    return Result("ok", fitness, clean, None, cost.wall_seconds, cost, partial)

@@ -71,6 +71,28 @@ def test_ray_search_completes(tmp_path, shared):
     assert all(r.worker for r in history if r.status == "ok")
 
 
+def test_ray_search_with_successive_halving_keeps_every_slot_busy(tmp_path, shared):
+    """Promotions and new architectures fill the free slots as results come back (no rung waits to
+    fill): the loop always has both workers busy until the scheduler has nothing left to start."""
+    e = ray_experiment(
+        tmp_path,
+        evaluator={"name": "test_fidelity", "settings": {"epochs": 9}},
+        strategy={"name": "random_search", "settings": {"evaluations": 24}},
+        multi_fidelity={"scheduler": "successive_halving"},
+    )
+    busy = []
+    store = open_store(e)
+    try:
+        summary = run_search(e, shared, store, on_result=lambda r, s: busy.append(shared.in_flight))
+        history = store.history()
+    finally:
+        store.close()
+    assert summary.finished
+    assert {r.fidelity for r in history} == {1, 3, 9} and all(r.worker for r in history if r.status == "ok")
+    assert all(r.cost["cpu_seconds"] > 0 for r in history if r.status == "ok")
+    assert min(busy[: len(busy) - 2]) >= 1  # while results come in, the other slot is working
+
+
 def test_ray_with_one_in_flight_reproduces_the_in_process_history(tmp_path, shared):
     shared.max_in_flight = 1
     try:

@@ -238,3 +238,17 @@ def test_bad_fidelity_settings_exit_2_naming_the_key(tmp_path, capsys, changes, 
 def test_an_evaluator_without_fidelity_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="evaluator 'test_params' has none"):
         experiment(tmp_path, multi_fidelity={"scheduler": "successive_halving"})
+
+
+def test_a_free_slot_always_gets_work_while_the_wrapped_strategy_has_some():
+    """Asynchronous: with results still out, `ask` never waits for a rung to fill."""
+    s = wrapped("random_search")
+    outstanding = [s.ask() for _ in range(4)]
+    while outstanding:
+        c = outstanding.pop(0)
+        s.tell(c.id, fitness(c.tree, c.fidelity))
+        nxt = s.ask()
+        assert nxt is not None or s.base.next_id >= s.evaluations
+        if nxt is not None:
+            outstanding.append(nxt)
+    assert s.done
