@@ -59,6 +59,11 @@ class Cost:
     def compute_seconds(self) -> float:
         return self.gpu_seconds or self.cpu_seconds or self.wall_seconds
 
+    @property
+    def measure(self) -> str:
+        """Which seconds `compute_seconds` are: "GPU", "CPU" or "wall"."""
+        return "GPU" if self.gpu_seconds else "CPU" if self.cpu_seconds else "wall"
+
     def to_json(self) -> dict[str, float]:
         return asdict(self)
 

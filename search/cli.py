@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from einspace.search.compute import compute_of, incumbent, wasted
 from einspace.search.store import Record
 from einspace.search.strategy import Strategy
 
@@ -41,10 +42,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     search.add_argument("--quiet", action="store_true", help="no progress output")
     search.set_defaults(run=cmd_search)
 
-    rep = sub.add_parser("report", help="summarise a run: best architectures, fitness.png, evaluations.csv")
+    rep = sub.add_parser(
+        "report",
+        help="summarise a run: best architectures, compute, fitness.png, compute.png, evaluations.csv",
+    )
     rep.add_argument("run_dir", help="the run directory (holds search.sqlite)")
     rep.add_argument("--top", type=int, default=5, help="how many of the best architectures to show")
-    rep.add_argument("--no-plot", action="store_true", help="skip fitness.png")
+    rep.add_argument("--no-plot", action="store_true", help="skip fitness.png and compute.png")
     rep.add_argument("--full", action="store_true", help="print each tree's full one-line text, not folded")
     rep.add_argument(
         "--html",
@@ -61,32 +65,50 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 class _Progress:
-    """One updating line on a terminal; a line every 5% otherwise (logs stay readable)."""
+    """One updating line on a terminal; a line every 5% otherwise (logs stay readable). It counts
+    the whole run: what the store held when the search started, then each result told, once
+    (a result replayed on resume is already in the store)."""
 
-    def __init__(self, budget: int, done: int, quiet: bool):
-        self.budget, self.done, self.quiet = budget, done, quiet
+    def __init__(self, budget: int, history: list[Record], quiet: bool):
+        self.budget, self.quiet = budget, quiet
         self.tty = sys.stderr.isatty()
-        self.best = float("-inf")
-        self.failed = self.cached = 0
+        self.counted: set[int] = set()
+        self.done = self.promoted = self.failed = self.cached = 0
+        self.compute = self.wasted = 0.0
+        self.best: Record | None = None
+        self._count(history)
         self.started = time.monotonic()
         self.session = 0
         self.every = max(1, budget // 20)
 
+    def _count(self, records: list[Record]) -> None:
+        from einspace.search.report import promotions
+
+        new = [r for r in records if r.id not in self.counted]
+        self.counted.update(r.id for r in new)
+        self.promoted += promotions(new)
+        self.done += len(new) - promotions(new)  # architectures, as the budget counts them
+        self.failed += sum(r.status == "failed" for r in new)
+        self.cached += sum(r.status == "cached" for r in new)
+        self.compute += sum(map(compute_of, new))
+        self.wasted += wasted(new)
+        self.best = incumbent([self.best, *new] if self.best else new)
+
     def __call__(self, record: Record, strategy: Strategy) -> None:
-        self.done += 1
         self.session += 1
-        self.failed += record.status == "failed"
-        self.cached += record.status == "cached"
-        if record.status != "failed" and record.fitness is not None:
-            self.best = max(self.best, record.fitness)
-        if self.quiet or not (self.tty or self.done % self.every == 0 or self.done == self.budget):
+        self._count([record])
+        if self.quiet or not (self.tty or len(self.counted) % self.every == 0 or strategy.done):
             return
         rate = self.session / max(1e-9, time.monotonic() - self.started)
         width = 30
         filled = int(width * min(1.0, self.done / max(1, self.budget)))
+        promoted = f" +{self.promoted} promoted" if self.promoted else ""
+        best = self.best.fitness if self.best else float("-inf")
+        share = self.wasted / self.compute if self.compute else 0.0
         text = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.budget}  best {self.best:.5g}  "
-            f"failed {self.failed}  cached {self.cached}  {rate:.2f} eval/s"
+            f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.budget}{promoted}  best {best:.5g}  "
+            f"failed {self.failed}  cached {self.cached}  compute {self.compute:.1f} s (wasted {share:.1%})  "
+            f"{rate:.2f} eval/s"
         )
         print(("\r" + text) if self.tty else text, end="" if self.tty else "\n", file=sys.stderr, flush=True)
 
@@ -130,17 +152,18 @@ def cmd_search(args: argparse.Namespace) -> int:
     experiment.check_evaluator()
     with SearchRun.start(experiment) as run:
         history, budget = run.store.history(), run.strategy.evaluations
-        done = len(history)
-        if done < budget:
+        complete = run.strategy.done
+        if not complete:
+            progress = _Progress(budget, history, args.quiet)
             if not args.quiet:
-                verb = "resuming" if done else "starting"
-                where = f"{experiment.name} in {run.directory} ({done} of {budget} done)"
+                verb = "resuming" if history else "starting"
+                where = f"{experiment.name} in {run.directory} ({progress.done} of {budget} done)"
                 print(f"{verb} {where}", file=sys.stderr)
-            summary = _search(run, experiment, args.ray_address, _Progress(budget, done, args.quiet))
+            summary = _search(run, experiment, args.ray_address, progress)
             history = run.store.history()
-    if done >= budget:
+    if complete:
         if not args.quiet:
-            print(f"{run.directory} is complete ({done} evaluations)", file=sys.stderr)
+            print(f"{run.directory} is complete ({len(history)} evaluations)", file=sys.stderr)
             print(final_summary(run.directory))
         return 0 if succeeded(history) else 1
     if summary is None or not summary.finished:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from einspace.evaluators.base import Cost
 from einspace.search.store import Record
 
-__all__ = ["ComputeSummary", "best_so_far", "compute_of", "incumbent", "summarise", "wasted"]
+__all__ = ["ComputeSummary", "best_so_far", "compute_of", "incumbent", "rank", "summarise", "wasted"]
 
 
 def compute_of(record: Record) -> float:
@@ -31,9 +31,11 @@ def compute_of(record: Record) -> float:
     return Cost.from_json(record.cost).compute_seconds
 
 
-def _level(record: Record) -> float:
-    """How far up the fidelities a record was asked to train (None: the evaluator's own, the top)."""
-    return math.inf if record.fidelity is None else float(record.fidelity)
+def rank(record: Record) -> tuple[float, float]:
+    """What the incumbent is chosen by, the larger the better: the fidelity the record was asked to
+    train for (None: the evaluator's own, the top), then its fitness."""
+    level = math.inf if record.fidelity is None else float(record.fidelity)
+    return level, record.fitness if record.fitness is not None else -math.inf
 
 
 def _beats(record: Record, best: Record | None) -> bool:
@@ -41,7 +43,7 @@ def _beats(record: Record, best: Record | None) -> bool:
     then higher fitness (ties keep the earlier)."""
     if record.status == "failed" or record.fitness is None or not math.isfinite(record.fitness):
         return False
-    return best is None or (_level(record), record.fitness) > (_level(best), best.fitness)
+    return best is None or rank(record) > rank(best)
 
 
 def incumbent(history: Iterable[Record]) -> Record | None:

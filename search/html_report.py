@@ -1,4 +1,5 @@
-"""A run as one self-contained HTML page: fitness, failures, sizes, operations, diversity, the best trees.
+"""A run as one self-contained HTML page: fitness, compute, failures, sizes, operations, diversity, the
+best trees.
 
 Every image is embedded (PNG plots, SVG pictures of architectures), so the page opens in any
 browser, offline, with nothing beside it. Also the folded console form of a record's tree.
@@ -12,9 +13,10 @@ import io
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from matplotlib.figure import Figure
 
@@ -113,11 +115,12 @@ def _png(fig: Figure) -> str:
     return data_uri(fig, "png")
 
 
-def _fitness_png(history: list[Record], title: str) -> str:
-    from einspace.search.report import plot_fitness
-
+def _report_png(
+    draw: Callable[[list[Record], BinaryIO, str], None], history: list[Record], title: str
+) -> str:
+    """One of the console report's plots (`plot_fitness`, `plot_compute`) as a data URI."""
     buffer = io.BytesIO()
-    plot_fitness(history, buffer, title)
+    draw(history, buffer, title)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
@@ -230,10 +233,28 @@ def _settings_rows(experiment: Experiment | None) -> list[tuple[str, Any]]:
     ]
 
 
+def _compute_section(history: list[Record], name: str) -> list[str]:
+    """The best so far against the compute spent, and a table of where the compute went."""
+    from einspace.search.report import compute_rows, plot_compute
+
+    if not history:
+        return []
+    overall, fidelities = compute_rows(history)
+    return [
+        "<h2>Best so far against compute</h2>",
+        "<p>The best fitness found against the compute spent to find it (GPU seconds where a GPU "
+        "trained, else CPU seconds), evaluations in finishing order, cached duplicates free; for a "
+        "multi-fidelity run the best at the highest fidelity reached. Grey along the bottom: the "
+        "compute of evaluations that failed.</p>",
+        _img(_report_png(plot_compute, history, name), "best so far against compute"),
+        _table(overall + fidelities),
+    ]
+
+
 def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: int = 5) -> Path:
     """Write the run's report page (default RUN_DIR/report.html) and return its path."""
     from einspace.pictures.files import page, tree_section
-    from einspace.search.report import best_records, metric_lines
+    from einspace.search.report import best_records, metric_lines, plot_fitness, record_tags
 
     run_dir = Path(run_dir)
     path = Path(path) if path is not None else run_dir / "report.html"
@@ -260,7 +281,10 @@ def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: 
         ),
         "<h2>Fitness over evaluations</h2>",
         "<p>Each evaluation's fitness in finishing order, the best so far, failures along the bottom.</p>",
-        _img(_fitness_png(history, name), "fitness over evaluations") if history else "<p>no evaluations</p>",
+        _img(_report_png(plot_fitness, history, name), "fitness over evaluations")
+        if history
+        else "<p>no evaluations</p>",
+        *_compute_section(history, name),
         "<h2>Failures by reason</h2>",
     ]
     reasons = Counter((r.error or "?").splitlines()[0][:200] for r in history if r.status == "failed")
@@ -298,9 +322,8 @@ def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: 
     parts.append(f"<h2>The top {len(best)} architectures</h2>")
     for rank, r in enumerate(best, 1):
         parents = f" of {', '.join(map(str, r.parents))}" if r.parents else ""
-        parts.append(
-            f"<h3>#{rank}: fitness {r.fitness:.6g}, id {r.id}, {html.escape(r.origin + parents)}</h3>"
-        )
+        what = ", ".join([r.origin + parents, *record_tags(r)])
+        parts.append(f"<h3>#{rank}: fitness {r.fitness:.6g}, id {r.id}, {html.escape(what)}</h3>")
         details = metric_lines(r.metrics)
         try:
             checked = run.check(r.tree)

@@ -1,4 +1,5 @@
-"""What a run found: the best architectures with their statistics, fitness over time (PNG), a CSV export."""
+"""What a run found: the best architectures with their statistics, what the run spent (compute, the
+share wasted on failures), fitness over time and against compute (PNGs), a CSV export."""
 
 from __future__ import annotations
 
@@ -9,17 +10,80 @@ from pathlib import Path
 from typing import BinaryIO
 
 from einspace.errors import EinspaceError
+from einspace.evaluators.base import Cost
+from einspace.search import compute
 from einspace.search.loop import SearchRun
 from einspace.search.store import Record
 from einspace.search.strategy import Strategy
+from einspace.search.successive_halving import PROMOTION
 
-__all__ = ["best_records", "final_summary", "plot_fitness", "report", "write_csv"]
+__all__ = [
+    "best_records",
+    "compute_rows",
+    "final_summary",
+    "plot_compute",
+    "plot_fitness",
+    "promotions",
+    "record_tags",
+    "report",
+    "write_csv",
+]
 
 
 def best_records(history: list[Record], k: int) -> list[Record]:
-    """The k fittest successful evaluations, one per distinct tree (cached copies are not new)."""
+    """The k best successful evaluations, one per distinct tree (cached copies are not new), ranked
+    as the incumbent is chosen (`einspace.search.compute`): the highest fidelity first, then fitness."""
     ok = [r for r in history if r.status == "ok" and r.fitness is not None]
-    return sorted(ok, key=lambda r: (-r.fitness, r.id))[:k]  # type: ignore[operator]
+    return sorted(ok, key=lambda r: (*(-x for x in compute.rank(r)), r.id))[:k]
+
+
+def promotions(history: list[Record]) -> int:
+    """Evaluations of an architecture at a higher fidelity (successive halving's promotions): the
+    rest are the new architectures a strategy's budget counts."""
+    return sum(r.origin == PROMOTION for r in history)
+
+
+def record_tags(r: Record) -> list[str]:
+    """What sets a record's result apart from a plain one: its fidelity, a score cut short."""
+    tags = []
+    if r.fidelity is not None:
+        tags.append(f"fidelity {r.fidelity}")
+    if r.partial:
+        tags.append("partial (time budget)")
+    return tags
+
+
+def _measures(history: list[Record]) -> str:
+    """Which seconds the compute adds up (`Cost.compute_seconds`): GPU, CPU, or wall where nothing
+    more was measured (a killed worker, a store older than compute accounting); joined when mixed."""
+    kinds = set()
+    for r in history:
+        if r.status != "cached":
+            kinds.add(Cost.from_json(r.cost).measure)
+    return "+".join(kind for kind in ("GPU", "CPU", "wall") if kind in kinds)
+
+
+def compute_rows(history: list[Record]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """What the whole run spent as (what, how much): in all, on failures, partial results kept and
+    when the incumbent was found; then, for a multi-fidelity run, each fidelity's evaluations."""
+    s = compute.summarise(history)
+    evaluations = sum(n for n, _ in s.by_fidelity.values())
+    rows = [
+        ("total", f"{s.total:.1f} s ({_measures(history)}), {evaluations} evaluated"),
+        ("wasted on failures", f"{s.wasted:.1f} s ({s.wasted_share:.1%})"),
+    ]
+    if s.partial:
+        rows.append(("partial results kept (time budget)", str(s.partial)))
+    if s.incumbent_at is not None:
+        rows.append(("best found after", f"{s.incumbent_at:.1f} s"))
+    if set(s.by_fidelity) <= {None}:
+        return rows, []
+    fidelities = []
+    for fidelity in sorted(s.by_fidelity, key=lambda f: math.inf if f is None else f):
+        n, seconds = s.by_fidelity[fidelity]
+        label = "the evaluator's own" if fidelity is None else fidelity
+        fidelities.append((f"fidelity {label}", f"{n} evaluated, {seconds:.1f} s"))
+    return rows, fidelities
 
 
 def _stats(tree: str, run: SearchRun) -> str:
@@ -65,43 +129,50 @@ def _strategy(run: SearchRun) -> Strategy | None:
         return None
 
 
+#: evaluations.csv's columns, in order.
+_CSV_COLUMNS = (
+    "seq",
+    "id",
+    "status",
+    "fitness",
+    "origin",
+    "parents",
+    "cached_from",
+    "hash",
+    "seconds",
+    "fidelity",
+    "partial",
+    "compute_seconds",
+    "cpu_seconds",
+    "gpu_seconds",
+    "epochs",
+    "steps",
+    "worker",
+    "error",
+    "metrics",
+    "tree",
+)
+
+
+def _csv_row(r: Record) -> dict[str, object]:
+    """A record's CSV row; its measured cost's columns stay empty where none was recorded."""
+    row: dict[str, object] = {c: getattr(r, c) for c in _CSV_COLUMNS if c in Record.__dataclass_fields__}
+    row.update(
+        parents=" ".join(map(str, r.parents)),
+        metrics=json.dumps(r.metrics),
+        compute_seconds=compute.compute_of(r),
+    )
+    if r.cost:
+        cost = Cost.from_json(r.cost)
+        row.update({c: getattr(cost, c) for c in _CSV_COLUMNS if c in Cost.__dataclass_fields__})
+    return row
+
+
 def write_csv(history: list[Record], path: Path) -> None:
-    columns = [
-        "seq",
-        "id",
-        "status",
-        "fitness",
-        "origin",
-        "parents",
-        "cached_from",
-        "hash",
-        "seconds",
-        "worker",
-        "error",
-        "metrics",
-        "tree",
-    ]
     with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        for r in history:
-            writer.writerow(
-                [
-                    r.seq,
-                    r.id,
-                    r.status,
-                    r.fitness,
-                    r.origin,
-                    " ".join(map(str, r.parents)),
-                    r.cached_from,
-                    r.hash,
-                    r.seconds,
-                    r.worker,
-                    r.error,
-                    json.dumps(r.metrics),
-                    r.tree,
-                ]
-            )
+        writer = csv.DictWriter(f, _CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(map(_csv_row, history))
 
 
 def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> None:
@@ -138,6 +209,31 @@ def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> No
     plt.close(fig)
 
 
+def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> None:
+    """The incumbent's fitness against the compute spent so far, and along the bottom the stretch
+    of compute each failure took: how much of the run bought nothing."""
+    from matplotlib.figure import Figure
+
+    points = compute.best_so_far(history)
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    ax = fig.add_subplot()
+    best = [(seconds, fitness) for seconds, fitness in points if fitness is not None]
+    if best:
+        ax.step(*zip(*best, strict=True), where="post", color="C3", label="best so far")
+    starts = [0.0] + [seconds for seconds, _ in points]
+    failed = [(starts[i], compute.compute_of(r)) for i, r in enumerate(history) if r.status == "failed"]
+    if failed:
+        # x in seconds, y in axes fractions: a strip along the bottom whatever the fitness scale
+        ax.broken_barh(failed, (0, 0.04), transform=ax.get_xaxis_transform(), color="grey", label="failed")
+    ax.set_xlabel(f"compute spent ({_measures(history)} seconds, cumulative, finishing order)")
+    ax.set_ylabel("best fitness so far")
+    ax.set_title(title)
+    ax.legend(loc="best")  # failures lie along the bottom
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
 def _score(r: Record) -> str:
     """A record's validation accuracy where its evaluator reports one, else its fitness."""
     if "valid_accuracy" in r.metrics:
@@ -155,7 +251,7 @@ def final_summary(run_dir: str | Path) -> str:
         lines = _best_lines(history, run) + _seed_lines(history)
     lines.append(
         f"report: `einspace report {run_dir}` prints the top architectures and writes "
-        f"{run_dir / 'fitness.png'} and {run_dir / 'evaluations.csv'}"
+        f"{run_dir / 'fitness.png'}, {run_dir / 'compute.png'} and {run_dir / 'evaluations.csv'}"
     )
     return "\n".join(lines)
 
@@ -199,8 +295,9 @@ def _seed_lines(history: list[Record]) -> list[str]:
 
 
 def report(run_dir: str | Path, top: int = 5, plot: bool = True, full: bool = False) -> str:
-    """The report text; also writes RUN_DIR/evaluations.csv and RUN_DIR/fitness.png. Trees are
-    printed folded (see `einspace.pictures.folding`), or as their full one-line text (`full`)."""
+    """The report text; also writes RUN_DIR/evaluations.csv, RUN_DIR/fitness.png and
+    RUN_DIR/compute.png. Trees are printed folded (see `einspace.pictures.folding`), or as their
+    full one-line text (`full`)."""
     run_dir = Path(run_dir)
     with SearchRun.open(run_dir) as run:
         history = run.store.history()
@@ -211,24 +308,32 @@ def report(run_dir: str | Path, top: int = 5, plot: bool = True, full: bool = Fa
     lines.append(f"wrote {run_dir / 'evaluations.csv'}")
     if plot and history:
         name = run.experiment.name if run.experiment else run_dir.name
-        plot_fitness(history, run_dir / "fitness.png", name)
-        lines.append(f"wrote {run_dir / 'fitness.png'}")
+        for draw, file in ((plot_fitness, "fitness.png"), (plot_compute, "compute.png")):
+            draw(history, run_dir / file, name)
+            lines.append(f"wrote {run_dir / file}")
     return "\n".join(lines)
 
 
 def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
-    """Strategy and evaluator, progress against the budget, the mean where the strategy's result
-    is one (random sampling), and the commonest failures."""
+    """Strategy and evaluator, progress against the budget, what the whole run spent (compute),
+    the mean where the strategy's result is one (random sampling), and the commonest failures."""
     e, strategy = run.experiment, _strategy(run)
     budget = strategy.evaluations if strategy else "?"
     counts = {s: sum(r.status == s for r in history) for s in ("ok", "failed", "cached")}
     strategy_name, evaluator_name = (e.strategy.name, e.evaluator.name) if e else ("?", None)
+    promoted, finished = promotions(history), f"{len(history)} of {budget}"
+    if promoted:  # a multi-fidelity run: the budget counts new architectures
+        finished = f"{len(history) - promoted} of {budget} architectures and {promoted} promotions"
     lines = [
         f"run {run.directory}: strategy {strategy_name}, evaluator {evaluator_name}",
-        f"finished {len(history)} of {budget} (ok {counts['ok']}, failed {counts['failed']}, "
-        f"cached duplicates {counts['cached']}); running/queued at last stop: {len(run.store.running())}"
-        + ("  [complete]" if strategy and len(history) >= strategy.evaluations else ""),
+        f"finished {finished} (ok {counts['ok']}, failed {counts['failed']}, cached duplicates "
+        f"{counts['cached']}); running/queued at last stop: {len(run.store.running())}"
+        + ("  [complete]" if strategy and strategy.done else ""),
     ]
+    if history:
+        overall, fidelities = compute_rows(history)
+        lines.append("compute: " + "; ".join(f"{what} {much}" for what, much in overall))
+        lines += [f"  {what}: {much}" for what, much in fidelities]
     fitnesses = [r.fitness for r in history if r.status != "failed" and r.fitness is not None]
     if fitnesses and strategy and strategy.reports_mean:
         mean = sum(fitnesses) / len(fitnesses)
@@ -247,6 +352,7 @@ def _top_lines(run: SearchRun, best: list[Record], full: bool) -> list[str]:
         lines.append(
             f"#{rank}  fitness {r.fitness:.6g}  id {r.id}  {r.origin}"
             + (f" of {', '.join(map(str, r.parents))}" if r.parents else "")
+            + "".join(f"  {tag}" for tag in record_tags(r))
             + (f"  seconds {r.seconds:.2f}" if r.seconds is not None else "")
         )
         lines.extend(f"    {line}" for line in metric_lines(r.metrics))

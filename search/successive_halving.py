@@ -27,7 +27,10 @@ from typing import Any
 from einspace.errors import EinspaceError
 from einspace.search.strategy import Candidate, Strategy
 
-__all__ = ["SuccessiveHalving", "default_rungs"]
+__all__ = ["PROMOTION", "SuccessiveHalving", "default_rungs"]
+
+#: The origin of an evaluation that trains an earlier one's tree at the next rung.
+PROMOTION = "promotion"
 
 
 def default_rungs(min_fidelity: int, max_fidelity: int, eta: int) -> list[int]:
@@ -109,7 +112,7 @@ class SuccessiveHalving(Strategy):
             level, job = promotion
             self._levels[level].promoted.add(job)
             tree, hash, _ = self._levels[level].results[job]
-            return self._issue(tree, hash, "promotion", (job,), self.rungs[level + 1])
+            return self._issue(tree, hash, PROMOTION, (job,), self.rungs[level + 1])
         proposal = self.base.ask()
         if proposal is None:
             return None
@@ -127,9 +130,7 @@ class SuccessiveHalving(Strategy):
                 return level, job
         return None
 
-    def _issue(
-        self, tree: str, hash: str, origin: str, parents: tuple[int, ...], fidelity: int
-    ) -> Candidate:
+    def _issue(self, tree: str, hash: str, origin: str, parents: tuple[int, ...], fidelity: int) -> Candidate:
         candidate = Candidate(self.next_id, tree, hash, origin, parents, fidelity)
         self.next_id += 1
         self._pending[candidate.id] = candidate

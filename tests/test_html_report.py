@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import html
+import math
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -14,10 +16,11 @@ import pytest
 import yaml
 
 from einspace.cli import main
+from einspace.evaluators.base import Cost
 from einspace.search.config import parse_experiment
-from einspace.search.html_report import diversity, operation_shares
-from einspace.search.loop import open_store, run_search
-from einspace.search.store import Record
+from einspace.search.html_report import diversity, operation_shares, write_html_report
+from einspace.search.loop import STORE_NAME, open_store, run_search
+from einspace.search.store import Record, SQLiteStore
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "experiments" / "quickstart.yaml"
 
@@ -81,13 +84,17 @@ def test_html_report_embeds_every_image_and_names_the_run(quickstart_run, capsys
     page = _Page()
     page.feed((run_dir / "report.html").read_text())
     assert page.title == "einspace run quickstart" and "einspace run quickstart" in page.headings
-    for section in ("Fitness over evaluations", "Failures by reason", "Sizes of the evaluated trees"):
+    sections = ("Fitness over evaluations", "Best so far against compute", "Failures by reason")
+    for section in (*sections, "Sizes of the evaluated trees"):
         assert section in page.headings
     assert any(h.startswith("Operations in the top 1 ") for h in page.headings)
     assert "Population diversity over time" in page.headings
     assert sum(h.startswith("#") for h in page.headings) == 1
-    # fitness, failures, sizes, operations, diversity; then a tree and a graph per architecture
-    assert len(page.images) == 5 + 2
+    # fitness, compute, failures, sizes, operations, diversity; then a tree and a graph per architecture
+    assert len(page.images) == 6 + 2
+    assert "best so far against compute" in [image["alt"] for image in page.images]
+    spent = sum(Cost.from_json(r.cost).compute_seconds for r in history if r.status != "cached")
+    assert f"<tr><th>total</th><td>{spent:.1f} s (CPU), " in (run_dir / "report.html").read_text()
     for image in page.images:
         kind, data = _decode(image["src"])
         assert image["alt"] and len(data) > 1000
@@ -107,6 +114,35 @@ def test_console_report_prints_folded_trees_and_full_text_on_request(quickstart_
     full = capsys.readouterr().out
     best = max((r for r in history if r.status == "ok"), key=lambda r: (r.fitness, -r.id))
     assert f"    {best.tree}\n" in full
+
+
+def test_html_compute_table_gives_total_wasted_share_each_fidelity_and_partial_results(tmp_path):
+    store = SQLiteStore(tmp_path / STORE_NAME, writer=True)
+    store.set_meta("config", "{}")  # no grammar: the page still has its compute section
+    for i, (status, fidelity, cpu, partial) in enumerate(
+        [("ok", 1, 4.0, False), ("failed", 1, 2.0, False), ("ok", 3, 10.0, True)]
+    ):
+        fitness = -math.inf if status == "failed" else 0.5
+        outcome = dict(status=status, fitness=fitness, partial=partial, cost=Cost(cpu_seconds=cpu).to_json())
+        record = Record(i, f"(S t{i})", f"h{i}", "sampled", fidelity=fidelity, **outcome)
+        store.submit(record)
+        store.finish(record)
+    store.close()
+    text = write_html_report(tmp_path).read_text()
+    rows = [
+        ("total", "16.0 s (CPU), 3 evaluated"),
+        ("wasted on failures", "2.0 s (12.5%)"),
+        ("partial results kept (time budget)", "1"),
+        ("best found after", "16.0 s"),
+        ("fidelity 1", "2 evaluated, 6.0 s"),
+        ("fidelity 3", "1 evaluated, 10.0 s"),
+    ]
+    assert "".join(f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in rows) in text
+    assert "<h3>#1: fitness 0.5, id 2, sampled, fidelity 3, partial (time budget)</h3>" in text
+    page = _Page()
+    page.feed(text)
+    assert "Best so far against compute" in page.headings
+    assert [i["alt"] for i in page.images[:2]] == ["fitness over evaluations", "best so far against compute"]
 
 
 def test_diversity_counts_distinct_trees_and_profile_distance_in_a_window():

@@ -107,7 +107,9 @@ CREATE TABLE evaluations (
     origin TEXT NOT NULL, parents TEXT NOT NULL, fitness REAL, metrics TEXT, error TEXT,
     cached_from INTEGER, submitted_at REAL, finished_at REAL, seconds REAL, worker TEXT, seq INTEGER UNIQUE
 );
-CREATE TABLE checkpoint (id INTEGER PRIMARY KEY CHECK (id = 0), written_at REAL NOT NULL, state TEXT NOT NULL);
+CREATE TABLE checkpoint (
+    id INTEGER PRIMARY KEY CHECK (id = 0), written_at REAL NOT NULL, state TEXT NOT NULL
+);
 INSERT INTO meta VALUES ('schema_version', '1');
 INSERT INTO evaluations (id, state, status, tree, hash, origin, parents, fitness, metrics, seq)
 VALUES (0, 'finished', 'ok', '(S (C relu))', 'abc', 'sampled', '[]', 0.25, '{}', 1);
