@@ -51,22 +51,34 @@ def _is_conv(module: nn.Module) -> bool:
     return isinstance(module, nn.Conv2d) or getattr(module, "kind", None) == "conv"
 
 
+def resolve_device(device: str) -> torch.device:
+    """The device a `device` setting names (auto: CUDA where available, else the CPU)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise EinspaceError(f"bad device {device!r}: {exc}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise EinspaceError(f"device {device!r} asked for, but CUDA is not available")
+    return resolved
+
+
+def autocast_dtype(device: torch.device, amp: bool) -> torch.dtype | None:
+    """The mixed-precision type on `device` (None: full precision): bfloat16 where the card
+    supports it, else float16; CUDA only."""
+    if not amp or device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
 class Runtime:
     """Device-specific steps of a training run."""
 
     def __init__(self, device: str, amp: bool, channels_last: str | bool, deterministic: bool):
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        try:
-            self.device = torch.device(device)
-        except RuntimeError as exc:
-            raise EinspaceError(f"bad device {device!r}: {exc}") from None
+        self.device = resolve_device(device)
         cuda = self.device.type == "cuda"
-        if cuda and not torch.cuda.is_available():
-            raise EinspaceError(f"device {device!r} asked for, but CUDA is not available")
-        self.dtype: torch.dtype | None = None
-        if amp and cuda:
-            self.dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        self.dtype = autocast_dtype(self.device, amp)
         self.scaler = torch.amp.GradScaler("cuda") if self.dtype is torch.float16 else None
         self.channels_last = channels_last
         self.memory_format = torch.contiguous_format

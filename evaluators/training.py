@@ -7,9 +7,12 @@ from the dataset (einspace.evaluators.objectives): accuracy for class labels, re
 (fitness = its negative) for dense regression targets.
 
 Before anything is built the tree is checked against the budget from its analytic counts
-(einspace.evaluators.budgets). Expected failures (over budget, out of memory, a NaN or
-infinite loss, the `max_seconds` time budget) raise EvaluationFailed with the reason, which
-`run_task` records as a failed Result.
+(einspace.evaluators.budgets) and, with a `max_seconds` time budget, against its predicted
+training time (einspace.evaluators.time_model); a few steps into training the run is projected
+again from the measured step time. Expected failures (over budget, predicted or projected over
+the time budget, out of memory, a NaN or infinite loss) raise EvaluationFailed with the reason
+and how far training got, which `run_task` records as a failed Result. A run whose time budget
+runs out anyway stops, is scored, and reports `partial` 1.0 and the epochs it trained.
 
 Determinism: the same random_seed gives bit-identical results on CPU with the same torch
 version and thread count (initialisation and batch order come from seeded generators). On a
@@ -31,7 +34,7 @@ from torch import nn
 
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError
-from einspace.evaluators._runtime import STEP_MODES, Runtime, out_of_memory
+from einspace.evaluators._runtime import STEP_MODES, Runtime, autocast_dtype, out_of_memory, resolve_device
 from einspace.evaluators._settings import require, settings_from
 from einspace.evaluators.auxiliary import AuxiliaryObjective, check_auxiliary_settings
 from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evaluator
@@ -39,6 +42,7 @@ from einspace.evaluators.budgets import Budget, budget_violation
 from einspace.evaluators.datasets import Dataset, load_dataset
 from einspace.evaluators.objectives import Objective, objective_for
 from einspace.evaluators.optim import build_optimizer
+from einspace.evaluators.time_model import Forecast, Workload, calibrated
 from einspace.grammar.model import Grammar
 from einspace.state import FeatureState
 from einspace.trainable import architecture_metrics, constrain_architecture
@@ -73,6 +77,7 @@ class TrainingSettings:
     max_flops: int | None = None
     max_activation_mb: float | None = None
     max_seconds: float | None = None  # wall-clock budget for one evaluation
+    predicted_time_margin: float = 3.0  # refuse trees predicted to take more than this x max_seconds
     # subsets: the first N examples of a split (quick runs and tests); None: all
     train_subset: int | None = None
     valid_subset: int | None = None
@@ -124,6 +129,11 @@ class TrainingSettings:
             value = getattr(self, name)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             require(value is None or number and value > 0, f"setting {name} must be positive or null")
+        margin = self.predicted_time_margin
+        require(
+            isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin >= 1,
+            f"setting predicted_time_margin must be a number >= 1 (a factor on max_seconds), got {margin!r}",
+        )
         Budget.from_settings(self.budget_settings())  # validates the budget numbers
         require(isinstance(self.param_groups, dict), "setting param_groups must be a mapping")
         require(isinstance(self.auxiliary_losses, dict), "setting auxiliary_losses must be a mapping")
@@ -172,6 +182,109 @@ class _Laps:
         self.mark = now
 
 
+#: Steps after the first (which includes lazy initialisation and autotuning) that time the
+#: projection of a run under a time budget.
+PROJECTION_STEPS = 3
+#: Without a calibrated time model, a forward pass is taken as a third of a training step per
+#: example (the backward pass costs about twice the forward).
+_FORWARD_SHARE = 1 / 3
+
+
+def _forecast(
+    checked: CheckedTree, settings: TrainingSettings, objective: Objective, examples: int, eval_examples: int
+) -> Forecast | None:
+    """The predicted time of the run under a time budget (None: no budget, or no calibration on
+    this device). Refuses, before anything is built, a tree predicted to take more than
+    `predicted_time_margin` times the budget."""
+    if settings.max_seconds is None:
+        return None
+    device = resolve_device(settings.device)
+    model = calibrated(device, autocast_dtype(device, settings.amp), settings.threads)
+    if model is None:
+        return None
+    workload = Workload.of(checked, objective.budget_classes)
+    forecast = model.forecast(
+        workload, settings.epochs, examples, settings.batch_size, eval_examples, settings.eval_batch_size
+    )
+    limit = settings.predicted_time_margin * settings.max_seconds
+    if forecast.seconds > limit:
+        raise EvaluationFailed(
+            f"predicted {forecast} exceeds the time budget of {settings.max_seconds:g} s "
+            f"(refused beyond {settings.predicted_time_margin:g}x the budget)",
+            {"epochs": 0.0, "steps": 0.0, "gpu_seconds": 0.0},
+        )
+    return forecast
+
+
+class _Progress:
+    """How far training got, as the progress metrics `run_task` turns into a Cost: epochs
+    (fractional), optimiser steps, and seconds of training and scoring on a CUDA device."""
+
+    def __init__(self, steps_per_epoch: int, cuda: bool):
+        self.steps_per_epoch, self.cuda = steps_per_epoch, cuda
+        self.steps = 0
+        self.device_started: float | None = None
+        self.device_ended: float | None = None
+
+    def metrics(self) -> dict[str, float]:
+        gpu = 0.0
+        if self.cuda and self.device_started is not None:
+            gpu = (self.device_ended or time.perf_counter()) - self.device_started
+        return {"epochs": self.steps / self.steps_per_epoch, "steps": float(self.steps), "gpu_seconds": gpu}
+
+
+class _Projection:
+    """The `max_seconds` budget during training: after the first step and PROJECTION_STEPS more,
+    the whole run is projected from their measured time and stopped if the projection exceeds
+    the budget. Later it only says when the budget has run out."""
+
+    def __init__(
+        self,
+        settings: TrainingSettings,
+        started: float,
+        total_steps: int,
+        eval_examples: int,
+        forecast: Forecast | None,
+    ):
+        self.limit, self.started = settings.max_seconds, started
+        self.total_steps, self.forecast = total_steps, forecast
+        self.eval_examples, self.batch_size = eval_examples, settings.batch_size
+        self.after_first: float | None = None
+
+    def exhausted(self) -> bool:
+        return self.limit is not None and time.perf_counter() - self.started > self.limit
+
+    def validation_seconds(self, step_seconds: float) -> float:
+        """Validation time, from the forecast scaled by how far the measured step is off its
+        prediction, or without a forecast from the step time itself."""
+        if self.forecast is not None and self.forecast.step_seconds > 0:
+            return self.forecast.validation_seconds * step_seconds / self.forecast.step_seconds
+        return self.eval_examples / self.batch_size * step_seconds * _FORWARD_SHARE
+
+    def check(self, progress: _Progress, runtime: Runtime) -> None:
+        """Called after every step; raises EvaluationFailed when the projection exceeds the budget."""
+        if self.limit is None or self.total_steps <= 1 + PROJECTION_STEPS:
+            return
+        if progress.steps == 1:
+            self.after_first = time.perf_counter()  # the caller synchronised after the first step
+        if progress.steps != 1 + PROJECTION_STEPS or self.after_first is None:
+            return
+        runtime.synchronize()
+        now = time.perf_counter()
+        step = (now - self.after_first) / PROJECTION_STEPS
+        remaining = (self.total_steps - progress.steps) * step
+        validation = self.validation_seconds(step)
+        projected = now - self.started + remaining + validation
+        if projected > self.limit:
+            raise EvaluationFailed(
+                f"projected {projected:.3g} s of training exceeds the time budget of {self.limit:g} s: "
+                f"{now - self.started:.3g} s for the first {progress.steps} steps, then "
+                f"{self.total_steps - progress.steps} steps x {step:.3g} s/step (measured over "
+                f"{PROJECTION_STEPS}) + {validation:.3g} s validation",
+                progress.metrics(),
+            )
+
+
 def _train(
     checked: CheckedTree,
     objective: Objective,
@@ -180,10 +293,12 @@ def _train(
     settings: TrainingSettings,
     random_seed: int,
     data_keys: tuple[Hashable | None, Hashable | None] = (None, None),
+    forecast: Forecast | None = None,
 ) -> dict[str, float]:
     """Build, train and score one network: eval_loss and eval_metric on `evaluation`, the
-    training loss and metric of the last epoch, size, and time per phase. `data_keys` name the
-    train and evaluation arrays for the device's data cache (None: not cached)."""
+    training loss and metric of the last epoch, size, time per phase and progress (`partial`
+    1.0 when the time budget stopped training). `data_keys` name the train and evaluation arrays
+    for the device's data cache (None: not cached); `forecast` is the run's predicted time."""
     started = time.perf_counter()
     laps = _Laps()
     runtime = Runtime(settings.device, settings.amp, settings.channels_last, settings.deterministic)
@@ -193,12 +308,15 @@ def _train(
         torch.set_num_threads(settings.threads)
     torch.manual_seed(random_seed)
     shuffle = torch.Generator().manual_seed(random_seed)
+    n = len(train[1])
+    steps_per_epoch = math.ceil(n / settings.batch_size)
+    progress = _Progress(steps_per_epoch, runtime.device.type == "cuda")
+    budget = _Projection(settings, started, settings.epochs * steps_per_epoch, len(evaluation[1]), forecast)
+    partial = False
     try:
         model = objective.build(checked, settings.lower)
         params = sum(p.numel() for p in model.parameters())
         model = runtime.prepare_model(model)
-        n = len(train[1])
-        steps_per_epoch = math.ceil(n / settings.batch_size)
         optimizers = build_optimizer(
             model,
             lr=settings.lr,
@@ -221,6 +339,7 @@ def _train(
         check_every = 1 if runtime.device.type == "cpu" else 25  # each check syncs a GPU
         train_loss = train_metric = 0.0
         auxiliary_terms: dict[str, float] = {}
+        progress.device_started = time.perf_counter()
         model.train()
         forward, applied = _step_forward(model, runtime, settings, auxiliary, constrained, train_x)
         laps("capture")
@@ -229,6 +348,7 @@ def _train(
             order = torch.randperm(n, generator=shuffle)
             loss_sum = torch.zeros((), device=runtime.device)
             metric_sum = torch.zeros((), device=runtime.device)
+            seen = 0
             for step in range(steps_per_epoch):
                 index = order[step * settings.batch_size : (step + 1) * settings.batch_size]
                 x, y = runtime.batch(train_x, train_y, index)
@@ -243,36 +363,47 @@ def _train(
                     constrain_architecture(model)
                 loss_sum += loss.detach() * len(y)
                 metric_sum += objective.metric_sum(output.detach(), y)
-                if (step + 1) % check_every == 0 or step + 1 == steps_per_epoch:
+                progress.steps += 1
+                seen += len(y)
+                partial = budget.exhausted()
+                if (step + 1) % check_every == 0 or step + 1 == steps_per_epoch or partial:
                     value = float(loss_sum)
                     if not math.isfinite(value):
                         raise EvaluationFailed(
                             f"the training loss became {value} in epoch {epoch + 1}, step {step + 1} "
-                            f"(learning rate {settings.lr} too high for this network, or it is unstable)"
+                            f"(learning rate {settings.lr} too high for this network, or it is unstable)",
+                            progress.metrics(),
                         )
-                if settings.max_seconds is not None and time.perf_counter() - started > settings.max_seconds:
-                    raise EvaluationFailed(
-                        f"time budget of {settings.max_seconds:g} s exceeded in epoch {epoch + 1} "
-                        f"of {settings.epochs}"
-                    )
                 if epoch == step == 0:
                     runtime.synchronize()
                     laps("first_step")  # lazy initialisation, cuDNN autotuning, compilation
-            train_loss, train_metric = float(loss_sum) / n, float(metric_sum) / n
+                budget.check(progress, runtime)
+                if partial:
+                    break
+            train_loss, train_metric = float(loss_sum) / seen, float(metric_sum) / seen
             auxiliary_terms = auxiliary.epoch_metrics()
+            if partial:
+                break
         laps("steps")
         eval_loss, eval_metric = _score(model, objective, eval_x, eval_y, settings.eval_batch_size, runtime)
         laps("validation")
+        progress.device_ended = time.perf_counter()
         extras = {**auxiliary_terms, **auxiliary.final_metrics(), **architecture_metrics(model)}
         if settings.step_mode != "eager":
             extras["step_mode_applied"] = float(applied)
     except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
         if out_of_memory(exc):
             runtime.release()
-            raise EvaluationFailed(f"out of memory on {runtime.device}: {str(exc).splitlines()[0]}") from None
+            raise EvaluationFailed(
+                f"out of memory on {runtime.device}: {str(exc).splitlines()[0]}", progress.metrics()
+            ) from None
         raise
     finally:
         torch.set_num_threads(threads)  # in-process executors share the process with others
+    if partial:
+        extras["partial"] = 1.0
+    if forecast is not None:
+        extras["predicted_seconds"] = forecast.seconds
     return {
         "eval_metric": eval_metric,
         "eval_loss": eval_loss,
@@ -280,7 +411,7 @@ def _train(
         f"train_{objective.metric}": train_metric,
         "params": float(params),
         "flops": float(checked.flops),
-        "epochs": float(settings.epochs),
+        **progress.metrics(),
         **extras,
         **laps.times,
         "seconds": time.perf_counter() - started,
@@ -338,9 +469,13 @@ class TrainingEvaluator(Evaluator):
     """Fitness = validation accuracy (or −relative ℓ2) after training on the train split (paper Sec. 4.1)."""
 
     name = "training"
+    fidelity_setting = "epochs"
 
     def __init__(self, **settings: Any):
         self.settings = settings_from(TrainingSettings, self.name, settings)
+
+    def full_fidelity(self) -> int:
+        return self.settings.epochs
 
     def check(self, input: FeatureState) -> None:
         dataset = load_dataset(self.settings.dataset)
@@ -359,7 +494,8 @@ class TrainingEvaluator(Evaluator):
         train = _subset(dataset.train_x, dataset.train_y, s.train_subset)
         valid = _subset(dataset.valid_x, dataset.valid_y, s.valid_subset)
         keys = ((dataset, "train", s.train_subset), (dataset, "valid", s.valid_subset))
-        metrics = _train(checked, objective, train, valid, s, random_seed, keys)
+        forecast = _forecast(checked, s, objective, len(train[1]), len(valid[1]))
+        metrics = _train(checked, objective, train, valid, s, random_seed, keys, forecast)
         value, loss = metrics.pop("eval_metric"), metrics.pop("eval_loss")
         named = {f"valid_{objective.metric}": value, "valid_loss": loss}
         return {"fitness": objective.fitness(value), **named, **metrics}
@@ -382,7 +518,9 @@ def train_and_test(
         np.concatenate([dataset.train_x, dataset.valid_x]),
         np.concatenate([dataset.train_y, dataset.valid_y]),
     )
-    metrics = _train(checked, objective, train, (dataset.test_x, dataset.test_y), settings, random_seed)
+    test = (dataset.test_x, dataset.test_y)
+    forecast = _forecast(checked, settings, objective, len(train[1]), len(test[1]))
+    metrics = _train(checked, objective, train, test, settings, random_seed, forecast=forecast)
     value, loss = metrics.pop("eval_metric"), metrics.pop("eval_loss")
     return {f"test_{objective.metric}": value, "test_loss": loss, **metrics}
 

@@ -54,21 +54,27 @@ def gpu_share() -> float | None:
 def warm_up(share: float | None) -> None:
     """Record this process's GPU share and, when it has a GPU, prepare what every evaluation
     there needs: the evaluators imported, an optimiser built once (the first imports
-    torch._dynamo: seconds) and the CUDA context created. The first evaluation then pays none of
-    it and its time budget counts from a ready worker. Without a GPU the first evaluation imports
-    what it needs itself (the same seconds, once per worker; no time is lost to warming
-    evaluators a CPU worker might never use)."""
+    torch._dynamo: seconds), the CUDA context created and the training time model calibrated
+    for mixed precision, the default (einspace.evaluators.time_model). The first
+    evaluation then pays none of it and its time budget counts from a ready worker. Without a GPU
+    the first evaluation imports what it needs itself, and calibrates if it has a time budget
+    (the same seconds, once per worker; no time is lost to warming evaluators a CPU worker might
+    never use)."""
     if not share:
         return
     os.environ[GPU_SHARE_ENV] = repr(share)
     import torch
 
     if torch.cuda.is_available():
+        from einspace.evaluators._runtime import autocast_dtype
         from einspace.evaluators.base import list_evaluators
+        from einspace.evaluators.time_model import calibrated
 
         list_evaluators()
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         torch.cuda.synchronize()  # creates the context on the worker's device
+        device = torch.device("cuda")
+        calibrated(device, autocast_dtype(device, amp=True), threads=None)
 
 
 def settle() -> None:
