@@ -141,17 +141,19 @@ class Conv(Kernel):
             h, w = height // k, width // k  # unfold drops the rows and columns that don't fit
             x = x[:, :, : h * k, : w * k].reshape(b, c, h, k, w, k).permute(0, 2, 4, 1, 3, 5)
             return F.linear(x.reshape(b, h * w, c * k * k), self.weight, self.bias)
+        if not self.fold:  # a channels-last input makes the output the tokens, contiguous
+            x = x.contiguous(memory_format=torch.channels_last)
         if k == 1 and s > 1 and _onednn_strided_pointwise_bug(x):
             # A 1x1 kernel reads every s-th pixel of the padded input only: take those, then
             # convolve with stride 1 -- the same numbers. The strided 1x1 convolution itself is
             # avoided because oneDNN (torch 2.13, CPU) corrupts the heap in its backward pass on a
-            # channels-last input with few channels (tests/test_lowering.py has the case).
+            # channels-last input with few channels (tests/test_lowering.py has the cases).
             x, s, p = (F.pad(x, (p, p, p, p)) if p else x)[..., ::s, ::s], 1, 0
+            if not self.fold:
+                x = x.contiguous(memory_format=torch.channels_last)
         weight = _in_layout_of(self.weight.reshape(self.weight.shape[0], c, k, k), x)
-        if self.fold:
-            return F.conv2d(x, weight, self.bias, s, p)
-        out = F.conv2d(x.contiguous(memory_format=torch.channels_last), weight, self.bias, s, p)
-        return out.flatten(2).transpose(1, 2)
+        out = F.conv2d(x, weight, self.bias, s, p)
+        return out if self.fold else out.flatten(2).transpose(1, 2)
 
     def extra_repr(self) -> str:
         how = "image" if self.fold else "tokens, " + ("patches" if self.patches else "channels-last conv")

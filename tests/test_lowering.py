@@ -191,24 +191,36 @@ def test_every_im2col_lowers_to_a_convolution(k, s, p, fold):
 
 
 STRIDED_POINTWISE = """
-import torch, einspace as es
+import sys, torch, einspace as es
 torch.manual_seed(0)
 torch.set_num_threads(1)  # the single-threaded kernel is the faulty one
-tree = "(S (R1 im2col(k=1, s=2, p=0)) (M (C linear(d=32))) (R2 col2im))"
+tree, channels_last = sys.argv[1], sys.argv[2] == "channels_last"
 net = es.compile_backbone(es.parse_tree(tree), es.input_state((2, 8, 8)), es.load_grammar("einspace"))
 for _ in range(30):
-    x = torch.randn(128, 2, 8, 8).contiguous(memory_format=torch.channels_last).requires_grad_()
-    net(x).square().mean().backward()
+    x = torch.randn(128, 2, 8, 8)
+    x = (x.contiguous(memory_format=torch.channels_last) if channels_last else x).requires_grad_()
+    out = net(x)
+    (out[0] if isinstance(out, tuple) else out).square().mean().backward()
 print("ok")
 """
 
 
-def test_strided_pointwise_convolution_survives_channels_last_inputs():
+@pytest.mark.parametrize(
+    ("tree", "layout"),
+    [
+        ("(S (R1 im2col(k=1, s=2, p=0)) (M (C linear(d=32))) (R2 col2im))", "channels_last"),
+        # a patch embedding makes its input channels-last itself: a row-major image reaches the bug
+        ("(S (R1 im2col(k=1, s=2, p=0)) (M (C linear(d=32))) (R2 identity))", "row_major"),
+    ],
+)
+def test_strided_pointwise_convolution_survives_few_channels(tree, layout):
     """oneDNN's strided 1x1 convolution (torch 2.13, CPU) corrupts the heap in its backward pass
     on a channels-last input with few channels -- which a 1-channel image makes every later
-    activation; it crashed training on the bundled digits. The lowered kernel avoids it. Run in
-    a subprocess: heap corruption aborts the process."""
-    done = subprocess.run([sys.executable, "-c", STRIDED_POINTWISE], capture_output=True, text=True)
+    activation; it crashed training on the bundled digits, and (as a patch embedding of a
+    row-major input) a sampled tree in a search. The lowered kernel avoids it. Run in a
+    subprocess: heap corruption aborts the process."""
+    code = [sys.executable, "-c", STRIDED_POINTWISE, tree, layout]
+    done = subprocess.run(code, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
