@@ -38,33 +38,33 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import yaml
+from _harness import (
+    QUICKSTART,
+    confine_worker,
+    failure_kind,
+    mean_sd,
+    quickstart,
+    retraining,
+    search_pool,
+    test_accuracy,
+)
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
-MEMORY_LIMIT_GB = 6  # per search process
 METHODS = ("seed_alone", "RE", "RS")
 INPUTS = {"digits": [1, 8, 8], "adddigits": [3, 8, 8], "multdigits": [3, 8, 8]}
 #: K, the strategy's own budget, only needs to be out of reach: the search stops at T trained.
 CANDIDATES_PER_TRAINED = 20
 
 
-def _base() -> dict[str, Any]:
-    """experiments/quickstart.yaml, the settings every search here shares."""
-    return yaml.safe_load(QUICKSTART.read_text())
-
-
 def _raw_experiment(
     dataset: str, method: str, seed: int, trained: int, run_dir: Path, max_seconds: float | None = None
 ) -> dict[str, Any]:
-    raw = _base()
+    raw = quickstart()
     settings = dict(raw["evaluator"]["settings"], dataset=dataset)
     if max_seconds is not None:
         settings["max_seconds"] = max_seconds
@@ -89,39 +89,21 @@ def _raw_experiment(
 
 def _final_settings() -> dict[str, Any]:
     """The retraining on train+valid: the search's epochs, batch size and threads."""
-    settings = _base()["evaluator"]["settings"]
-    return {key: settings[key] for key in ("epochs", "batch_size", "threads")}
+    return retraining(quickstart()["evaluator"]["settings"])
 
 
 def _test_accuracy(tree_text: str, dataset: str, seed: int) -> float:
-    from einspace.evaluators.training import final_evaluation
-    from einspace.tree import parse_tree
-
-    metrics = final_evaluation(parse_tree(tree_text), dataset, _base()["grammar"], _final_settings(), seed)
-    return metrics["test_accuracy"]
-
-
-def _failure_kind(error: str | None) -> str:
-    text = (error or "").lower()
-    return "budget" if "budget" in text else "time" if "second" in text or "time" in text else "other"
+    return test_accuracy(tree_text, dataset, quickstart()["grammar"], _final_settings(), seed)
 
 
 def run_one(dataset: str, method: str, seed: int, trained: int, max_seconds: float | None) -> dict[str, Any]:
     """One search, stopped after `trained` networks trained; its best (and for RE the seed's own
     evaluation) with validation and test accuracies, and what the search evaluated."""
-    import resource
-
-    import torch
-
     from einspace.search.config import parse_experiment
     from einspace.search.loop import open_store, run_search
     from einspace.search.report import best_records
 
-    torch.set_num_threads(1)
-    # A tree whose memory the analytic estimate misses fails with an allocation error (recorded
-    # as a failed evaluation) instead of the kernel killing the whole worker.
-    limit = MEMORY_LIMIT_GB << 30
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    confine_worker()
     started = time.perf_counter()
     counts: Counter[str] = Counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,7 +123,7 @@ def run_one(dataset: str, method: str, seed: int, trained: int, max_seconds: flo
             store.close()
     if counts["ok"] != trained:
         raise RuntimeError(f"{dataset} {method} seed {seed}: trained {counts['ok']} of {trained} networks")
-    failures = Counter(_failure_kind(r.error) for r in history if r.status == "failed")
+    failures = Counter(failure_kind(r.error) for r in history if r.status == "failed")
     out: dict[str, Any] = {
         "dataset": dataset,
         "method": method,
@@ -159,16 +141,6 @@ def run_one(dataset: str, method: str, seed: int, trained: int, max_seconds: flo
         out["seed_alone"] = (valid, _test_accuracy(own.tree, dataset, seed), own.origin)
     out["seconds"] = time.perf_counter() - started
     return out
-
-
-def _mean_sd(values: list[float]) -> str:
-    """Mean ± standard deviation in %, of the values that are not nan (how many, if not all)."""
-    known = [v for v in values if not math.isnan(v)]
-    if not known:
-        return "failed"
-    sd = statistics.stdev(known) if len(known) > 1 else math.nan
-    text = f"{100 * statistics.fmean(known):5.1f} ± {100 * sd:4.1f}"
-    return text if len(known) == len(values) else f"{text} ({len(known)} of {len(values)})"
 
 
 def _describe_setup(trained: int, max_seconds: float | None) -> str:
@@ -191,7 +163,7 @@ def _report(results: list[dict[str, Any]], datasets: list[str]) -> None:
     )
     print(header)
     print("-" * len(header))
-    seed = _base()["seeds"][0]
+    seed = quickstart()["seeds"][0]
     names = {"seed_alone": f"{seed} alone", "RE": f"RE({seed})", "RS": "random search"}
     for d in datasets:
         rows = [r for r in results if r["dataset"] == d]
@@ -200,7 +172,7 @@ def _report(results: list[dict[str, Any]], datasets: list[str]) -> None:
             valid = [v for _, (v, _, _) in got]
             test = [t for _, (_, t, _) in got]
             per = "  ".join(f"{100 * v:.1f}" for v in valid)
-            print(f"{d:<10} {names[method]:<18} {_mean_sd(valid):>14} {_mean_sd(test):>18}   {per}")
+            print(f"{d:<10} {names[method]:<18} {mean_sd(valid):>14} {mean_sd(test):>18}   {per}")
         for method in ("RE", "RS"):
             runs = [r for r in rows if r["method"] == method]
             failed: Counter[str] = Counter()
@@ -244,7 +216,7 @@ def main() -> None:
     )
     started = time.perf_counter()
     results = []
-    with ProcessPoolExecutor(args.jobs, max_tasks_per_child=1) as pool:
+    with search_pool(args.jobs) as pool:
         for r in pool.map(run_one, *zip(*jobs, strict=True)):  # in order; each line as soon as it is known
             results.append(r)
             parts = "  ".join(

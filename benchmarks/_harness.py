@@ -1,0 +1,72 @@
+"""What the search benchmarks share: the quick start's settings, worker processes that cannot take
+the machine down, the retraining of a search's choice on train+valid, and mean ± sd in %."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
+MEMORY_LIMIT_GB = 6  # per search process
+#: The settings the retraining on train+valid keeps from the search's (no time limit, no budgets).
+RETRAINING_KEYS = ("epochs", "batch_size", "threads")
+
+
+def quickstart() -> dict[str, Any]:
+    """experiments/quickstart.yaml, the settings the benchmarks' searches start from."""
+    return yaml.safe_load(QUICKSTART.read_text())
+
+
+def search_pool(jobs: int) -> ProcessPoolExecutor:
+    """`jobs` worker processes, a fresh one per search (nothing one search leaks reaches the next)."""
+    return ProcessPoolExecutor(jobs, max_tasks_per_child=1)
+
+
+def confine_worker(memory_gb: float | None = MEMORY_LIMIT_GB) -> None:
+    """One torch thread, and the address space capped: a tree whose memory the analytic estimate
+    misses fails with an allocation error (a failed evaluation) instead of the kernel killing the
+    whole worker. None leaves the address space alone (Ray and CUDA reserve far more than they use)."""
+    import resource
+
+    import torch
+
+    torch.set_num_threads(1)
+    if memory_gb is not None:
+        limit = int(memory_gb * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def retraining(settings: dict[str, Any]) -> dict[str, Any]:
+    """The retraining on train+valid of a search with evaluator `settings`: its epochs, batch size
+    and threads."""
+    return {key: settings[key] for key in RETRAINING_KEYS if key in settings}
+
+
+def test_accuracy(tree_text: str, dataset: str, grammar: str, settings: dict[str, Any], seed: int) -> float:
+    """The test accuracy of a tree retrained from scratch on train+valid with `settings`."""
+    from einspace.evaluators.training import final_evaluation
+    from einspace.tree import parse_tree
+
+    return final_evaluation(parse_tree(tree_text), dataset, grammar, settings, seed)["test_accuracy"]
+
+
+def failure_kind(error: str | None) -> str:
+    """A failed evaluation's reason in one word: over time (the time budget, or projected over
+    it), over another budget (parameters, FLOPs, activations), or other."""
+    text = (error or "").lower()
+    return "time" if "second" in text or "time" in text else "budget" if "budget" in text else "other"
+
+
+def mean_sd(values: list[float]) -> str:
+    """Mean ± standard deviation in %, of the values that are not nan (how many, if not all)."""
+    known = [v for v in values if not math.isnan(v)]
+    if not known:
+        return "failed"
+    sd = statistics.stdev(known) if len(known) > 1 else math.nan
+    text = f"{100 * statistics.fmean(known):5.1f} ± {100 * sd:4.1f}"
+    return text if len(known) == len(values) else f"{text} ({len(known)} of {len(values)})"

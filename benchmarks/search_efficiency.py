@@ -1,0 +1,758 @@
+"""Benchmark (not a test): best validation accuracy against the compute a search spent (issue 22).
+
+Every search gets the same budget of compute (`Cost.compute_seconds` of its evaluations: CPU
+seconds of the evaluating process, GPU seconds where a GPU trained) and stops once its evaluations
+have spent it. Methods, each from scratch and seeded:
+
+- RS:     random search, fresh samples from the grammar. The `random_search` strategy ignores
+          `seeds`, so seeded RS is `seeded_random_search`, registered here: the seed is its
+          first candidate, every later one a fresh sample.
+- RE:     regularised evolution, the quick start's settings (seeded: its initial population is
+          the seed, the paper's RE(RN18)).
+- RE+SH:  RE inside asynchronous successive halving (`multi_fidelity`, eta 3, rungs of 1, 3 and
+          8 epochs): every new architecture trains for one epoch first, the best third of each
+          rung is promoted to the next.
+
+Tasks, none downloaded (generated ones are written as .npz under OUT/data):
+
+- digits:      the bundled 8x8 handwritten digits, seed `resnet_small`.
+- motifs:      generated sequences of 32 steps x 4 channels: ten classes, each the same five
+               random ±1 vectors in its own order, added at a random position to unit noise. Every
+               class holds the same values, so only their order (what a window sees) tells them
+               apart: a 1-D CNN is far above an MLP. The sequences are given as 4x1x32 images (im
+               mode, grammar `einspace`, seed `resnet_small`), so that convolutions (im2col, whose
+               3x3 kernels on a 1-pixel-high image with padding 1 are 3-tap 1-D kernels) are in the
+               space; in col mode neither bundled grammar has a local operation.
+- arrangement: generated 16x16 images: eight classes, the direction (45° sectors) from a 3x3
+               cross to a 3x3 ring placed at random at least 4 pixels apart on noise. What is in the
+               image never changes, only where: `resnet_small` (global pooling, a small receptive
+               field) is far from the ceiling that a small CNN with a flattening head reaches.
+
+The recipe, printed at the start, is experiments/quickstart.yaml's (grammar limits, training
+evaluator with one thread, batch 128, its FLOP and activation budgets, RE's population and
+tournament) with 8 epochs and, per task, a time limit of 4-6x the seed's training time on an
+idle core (a wall-clock limit: on a loaded machine evaluations near it fail, which counts as waste).
+
+Beside them, trained in the same run with the same epochs, batch size, optimiser and threads, in
+plain torch: an MLP (two hidden layers of 256) and a small CNN (two conv-BN-ReLU-max-pool blocks
+of 32 and 64 channels, 3x3, or 5-tap on 1-pixel-high images, then a hidden layer of 128). Test
+accuracies, the searches' and the baselines', are of a retraining on train+valid with the recipe
+(no time limit), scored on test. The incumbent of a search is `einspace.search.compute.incumbent`:
+the best result at the highest fidelity it reached (so an RE+SH curve can drop when it first
+reaches a higher rung).
+
+Printed per task and method, means over seeds: the area under the best-so-far curve over the
+budget, normalised by it (0 before the first result); the compute to reach 95% of RE's final best
+(the same seed and start); the share of compute spent on failed evaluations; the final best
+validation accuracy and the test accuracy of that choice. Then the targets: (a) RE+SH reaches
+RE's final best with at most 1/3 of RE's compute (per seed: RE+SH's compute to reach it over RE's
+total, averaged over seeds; a seed that never reaches it fails the target), (b) at most 10% of
+each method's compute (over its seeds) went to failed evaluations, (c) on motifs the best method
+from scratch (by mean test accuracy) beats the plain-torch MLP. OUT/TASK.png plots the best-so-far
+validation accuracy against compute, mean over seeds with a min-max band; OUT/results.json holds
+every curve.
+
+Execution: by default each search runs in its own worker process with the in-process executor
+(address space capped at 6 GiB; the task's seed trains for one epoch before the search, so that
+the process's one-time costs are not charged to the search), `--jobs` searches at once.
+`--executor ray` runs one search at a time on a local Ray instance instead, `--jobs` evaluations
+in flight, each holding `--num-gpus` of a GPU (compute is then GPU seconds: choose `--budget` to
+match; a Ray worker's first evaluation includes its start-up; the baselines stay on the CPU).
+Output goes to `--out` (default runs/search_efficiency).
+
+    python benchmarks/search_efficiency.py --quick       # 1 seed, small budgets: minutes on 2 cores
+    python benchmarks/search_efficiency.py               # 3 seeds: about 1-1.5 hours on 2 cores
+    python benchmarks/search_efficiency.py --executor ray --num-gpus 0.25 --jobs 4 --budget 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from _harness import (
+    MEMORY_LIMIT_GB,
+    confine_worker,
+    failure_kind,
+    quickstart,
+    retraining,
+    search_pool,
+    test_accuracy,
+)
+
+from einspace.search.random_search import RandomSearch
+from einspace.search.strategy import register_strategy
+from einspace.tree import Node
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from einspace.evaluators.datasets import Dataset
+    from einspace.evaluators.training import TrainingSettings
+    from einspace.search.config import Experiment
+    from einspace.search.store import Record
+
+EPOCHS = 8  # the top fidelity of every task
+HALVING = {"scheduler": "successive_halving", "eta": 3, "min_fidelity": 1}
+STRATEGY_BUDGET = 10**6  # the strategies' own count of evaluations: out of reach, compute stops them
+TARGET_SPEEDUP, TARGET_WASTE = 3, 0.10
+
+
+@register_strategy
+class SeededRandomSearch(RandomSearch):
+    """Random search whose first candidates are the experiment's seeds, in order."""
+
+    name = "seeded_random_search"
+
+    def _propose(self) -> tuple[Node, str, tuple[int, ...]]:
+        seeds = self.space.seed_trees()
+        if self.next_id < len(seeds):
+            name, tree = seeds[self.next_id]
+            return tree, f"seed:{name}", ()
+        return super()._propose()
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+def _splits(x: np.ndarray, y: np.ndarray, sizes: tuple[int, int, int]) -> dict[str, np.ndarray]:
+    bounds = np.cumsum((0, *sizes))
+    parts = zip(("train", "valid", "test"), bounds[:-1], bounds[1:], strict=True)
+    return {f"{split}_{k}": a[lo:hi] for split, lo, hi in parts for k, a in (("x", x), ("y", y))}
+
+
+def motif_sequences(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Ten orders of the same five ±1 vectors (4 channels), each added (x2) at a random position
+    of 32 steps of unit noise; as images of 4 channels, 1 row and 32 columns."""
+    steps, channels, length, classes, sizes = 32, 4, 5, 10, (3200, 800, 800)
+    values = rng.choice([-1.0, 1.0], size=(length, channels))
+    orders: list[tuple[int, ...]] = []
+    while len(orders) < classes:
+        order = tuple(int(i) for i in rng.permutation(length))
+        if order not in orders:
+            orders.append(order)
+    n = sum(sizes)
+    y = rng.integers(0, classes, n)
+    x = rng.normal(size=(n, steps, channels))
+    starts = rng.integers(0, steps - length + 1, n)
+    for i in range(n):
+        x[i, starts[i] : starts[i] + length] += 2 * values[list(orders[y[i]])]
+    return _splits(x.transpose(0, 2, 1)[:, :, None, :].astype(np.float32), y, sizes)
+
+
+def arrangement_images(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A 3x3 cross and a 3x3 ring at least 4 pixels apart on 16x16 noise; the class is the
+    direction from the cross to the ring in 45° sectors."""
+    size, classes, sizes = 16, 8, (1500, 500, 500)
+    cross = np.array([[0, 1, 0], [1, 1, 1], [0, 1, 0]], dtype=float)
+    ring = np.array([[1, 1, 1], [1, 0, 1], [1, 1, 1]], dtype=float)
+    n = sum(sizes)
+    x = rng.normal(scale=0.3, size=(n, 1, size, size))
+    y = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        a, b = rng.integers(0, size - 2, (2, 2))
+        while np.abs(b - a).max() < 4:
+            a, b = rng.integers(0, size - 2, (2, 2))
+        y[i] = round(math.atan2(*(b - a)) / (2 * math.pi / classes)) % classes
+        x[i, 0, a[0] : a[0] + 3, a[1] : a[1] + 3] += cross
+        x[i, 0, b[0] : b[0] + 3, b[1] : b[1] + 3] += ring
+    return _splits(x.astype(np.float32), y, sizes)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task: its data (None: a built-in of that name), input, grammar, seed and budgets."""
+
+    name: str
+    shape: tuple[int, ...]
+    grammar: str
+    seed: str
+    budget: float  # compute seconds per search
+    quick_budget: float
+    max_seconds: float  # the evaluator's time limit: wall seconds, 4-6x the seed's on an idle core
+    make: Callable[[np.random.Generator], dict[str, np.ndarray]] | None = None
+    mlp_target: bool = False  # target (c): the best method from scratch beats the MLP
+
+
+TASKS = {
+    t.name: t
+    for t in (
+        Task("digits", (1, 8, 8), "einspace", "resnet_small", 60, 8, 20),
+        Task("motifs", (4, 1, 32), "einspace", "resnet_small", 120, 12, 20, motif_sequences, True),
+        Task("arrangement", (1, 16, 16), "einspace", "resnet_small", 150, 15, 45, arrangement_images),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """A search method: a strategy, inside successive halving or not, from the task's seed or not."""
+
+    strategy: str
+    halving: bool = False
+    seeded: bool = False
+
+
+METHODS = {
+    "RS": Method("random_search"),
+    "RE": Method("regularised_evolution"),
+    "RE+SH": Method("regularised_evolution", halving=True),
+    "RS-seeded": Method("seeded_random_search", seeded=True),
+    "RE-seeded": Method("regularised_evolution", seeded=True),
+    "RE+SH-seeded": Method("regularised_evolution", halving=True, seeded=True),
+}
+BASELINES = ("MLP", "CNN")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One search (`method` a METHODS key) or one baseline (a BASELINES key), as plain data."""
+
+    task: str
+    method: str
+    seed: int
+    budget: float
+    data_dir: str
+    executor: str = "in_process"
+    in_flight: int = 1
+    num_gpus: float = 0.0
+
+
+def _dataset(task: Task, data_dir: Path) -> str:
+    return task.name if task.make is None else str(data_dir / f"{task.name}.npz")
+
+
+def evaluator_settings(task: Task, data_dir: Path) -> dict[str, Any]:
+    """The quick start's evaluator settings with the task's data, EPOCHS and time limit."""
+    settings = quickstart()["evaluator"]["settings"]
+    return {
+        **settings,
+        "dataset": _dataset(task, data_dir),
+        "epochs": EPOCHS,
+        "max_seconds": task.max_seconds,
+    }
+
+
+def experiment(job: Job, run_dir: Path) -> dict[str, Any]:
+    """The quick start's experiment for one search: the task's input, grammar and data, the
+    method's strategy (RE with the quick start's settings) and the executor asked for."""
+    raw, task, method = quickstart(), TASKS[job.task], METHODS[job.method]
+    data_dir = Path(job.data_dir)
+    strategy = {"evaluations": STRATEGY_BUDGET}
+    if method.strategy == "regularised_evolution":
+        strategy = {**raw["strategy"]["settings"], **strategy}
+    executor = (
+        {"kind": "in_process"}
+        if job.executor == "in_process"
+        else {**raw["executor"], "max_in_flight": job.in_flight, "num_gpus": job.num_gpus}
+    )
+    return {
+        **raw,
+        "name": f"{job.task}_{job.method}_{job.seed}",
+        "run_dir": str(run_dir),
+        "random_seed": job.seed,
+        "grammar": task.grammar,
+        "input": {"shape": list(task.shape), "mode": "im"},
+        "evaluator": {"name": raw["evaluator"]["name"], "settings": evaluator_settings(task, data_dir)},
+        "strategy": {"name": method.strategy, "settings": strategy},
+        "seeds": [task.seed] if method.seeded else [],
+        "executor": executor,
+        **({"multi_fidelity": HALVING} if method.halving else {}),
+    }
+
+
+def prepare(tasks: list[Task], data_dir: Path) -> dict[str, str]:
+    """Write the generated datasets, check every task's experiment (data against input, seed
+    against grammar); each task's dataset summary."""
+    from einspace.evaluators.datasets import load_dataset
+    from einspace.search.config import parse_experiment
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    summaries = {}
+    for task in tasks:
+        if task.make is not None:
+            np.savez(data_dir / f"{task.name}.npz", **task.make(np.random.default_rng(0)))
+        job = Job(task.name, "RE-seeded", 0, task.budget, str(data_dir))
+        e = parse_experiment(experiment(job, data_dir / "unused"), f"search_efficiency:{task.name}")
+        e.check_evaluator()
+        summaries[task.name] = load_dataset(_dataset(task, data_dir)).summary()
+    return summaries
+
+
+# ----------------------------------------------------------------------------- the jobs
+
+
+def run_search(job: Job) -> dict[str, Any]:
+    """One search until its evaluations have spent the budget: its best-so-far curve, its waste,
+    its incumbent's validation and test accuracy (and, seeded RE, the seed's own evaluation)."""
+    confine_worker(MEMORY_LIMIT_GB if job.executor == "in_process" else None)
+    from einspace.search.compute import best_so_far, compute_of, incumbent, wasted
+    from einspace.search.config import parse_experiment
+    from einspace.search.loop import SearchRun
+    from einspace.search.successive_halving import PROMOTION
+
+    started, spent = time.perf_counter(), 0.0
+
+    def count(record: Record, _: object) -> None:
+        nonlocal spent
+        spent += compute_of(record)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        e = parse_experiment(experiment(job, Path(tmp)), f"search_efficiency:{job.task}")
+        if job.executor == "in_process":
+            _warm_up(e, job)
+        executor = e.make_executor()
+        try:
+            with SearchRun.start(e) as run:
+                run.run(executor, on_result=count, should_stop=lambda: spent >= job.budget)
+                history = run.store.history()
+        finally:
+            executor.shutdown()
+    curve = best_so_far(history)
+    best = incumbent(history)
+    out: dict[str, Any] = {
+        **asdict(job),
+        "curve": curve,
+        "total": curve[-1][0] if curve else 0.0,
+        "wasted": wasted(history),
+        "counts": Counter(r.status for r in history),
+        "promotions": sum(r.origin == PROMOTION for r in history),
+        "failures": Counter(failure_kind(r.error) for r in history if r.status == "failed"),
+        "best": best.fitness if best is not None else math.nan,
+        "test": _retrained(job, best.tree) if best is not None else math.nan,
+    }
+    if job.method == "RE-seeded":
+        own = next(r for r in history if r.origin.startswith("seed:") and r.status != "cached")
+        if own.status != "ok":
+            out["seed_alone"] = (math.nan, math.nan)
+        else:  # the seed is often the incumbent: its retraining is known then
+            out["seed_alone"] = (
+                own.fitness,
+                out["test"] if own.tree == best.tree else _retrained(job, own.tree),
+            )
+    out["seconds"] = time.perf_counter() - started
+    return out
+
+
+def _warm_up(e: Experiment, job: Job) -> None:
+    """Train the task's seed for one epoch outside the search, so that what a process pays once
+    (imports, loading the data, calibrations: 2 s on digits) is not charged to the search's first
+    architecture."""
+    from einspace.evaluators.base import run_task
+    from einspace.seeds import load_seed
+    from einspace.tree import to_text
+
+    space = e.space()
+    seed = load_seed(TASKS[job.task].seed, space.grammar, space.input)
+    run_task(e.task(to_text(seed), fidelity=1))
+
+
+def _retrained(job: Job, tree: str) -> float:
+    """The test accuracy of a tree retrained on train+valid with the recipe (nan if that fails)."""
+    from einspace.evaluators.base import EvaluationFailed
+
+    task = TASKS[job.task]
+    settings = evaluator_settings(task, Path(job.data_dir))
+    try:
+        return test_accuracy(tree, settings["dataset"], task.grammar, retraining(settings), job.seed)
+    except EvaluationFailed:
+        return math.nan
+
+
+def plain_network(model: str, shape: tuple[int, ...], classes: int) -> nn.Module:
+    """The MLP (two hidden layers of 256) or the small CNN (conv-BN-ReLU-max-pool blocks of 32
+    and 64 channels, 3x3, or 5 taps along a 1-pixel-high image, then a hidden layer of 128)."""
+    from torch import nn
+
+    if model == "MLP":
+        hidden = [nn.Linear(math.prod(shape), 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()]
+        return nn.Sequential(nn.Flatten(), *hidden, nn.Linear(256, classes))
+    channels, *spatial = shape
+    kernel, pool = ((1, 5), (1, 2)) if spatial[0] == 1 else ((3, 3), (2, 2))
+    layers: list[nn.Module] = []
+    for width in (32, 64):
+        padding = (kernel[0] // 2, kernel[1] // 2)
+        layers += [nn.Conv2d(channels, width, kernel, padding=padding), nn.BatchNorm2d(width), nn.ReLU()]
+        layers.append(nn.MaxPool2d(pool))
+        channels, spatial = width, [d // p for d, p in zip(spatial, pool, strict=True)]
+    head = [nn.Flatten(), nn.Linear(channels * math.prod(spatial), 128), nn.ReLU(), nn.Linear(128, classes)]
+    return nn.Sequential(*layers, *head)
+
+
+Split = tuple[np.ndarray, np.ndarray]
+
+
+def _fit(model: str, data: Dataset, train: Split, score: Split, s: TrainingSettings, seed: int) -> float:
+    """Train a plain network as the training evaluator does (SGD, cosine per batch); its accuracy
+    on `score`."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+    net = plain_network(model, data.input_shape, data.classes)
+    opt = torch.optim.SGD(
+        net.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay, nesterov=s.nesterov
+    )
+    x, y = (torch.tensor(a) for a in train)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, s.epochs * math.ceil(len(x) / s.batch_size))
+    net.train()
+    for _ in range(s.epochs):
+        for batch in torch.randperm(len(x)).split(s.batch_size):
+            loss = F.cross_entropy(net(x[batch]), y[batch])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+    net.eval()
+    x, y = (torch.tensor(a) for a in score)
+    with torch.no_grad():
+        right = sum(
+            int((net(xb).argmax(1) == yb).sum()) for xb, yb in zip(x.split(1024), y.split(1024), strict=True)
+        )
+    return right / len(y)
+
+
+def run_baseline(job: Job) -> dict[str, Any]:
+    """A plain-torch baseline: trained on train (validation accuracy), retrained on train+valid
+    (test accuracy), with the searches' recipe."""
+    confine_worker()
+    from einspace.evaluators.datasets import load_dataset
+    from einspace.evaluators.training import TrainingSettings
+
+    started, cpu = time.perf_counter(), time.process_time()
+    s = TrainingSettings(**evaluator_settings(TASKS[job.task], Path(job.data_dir)))
+    data = load_dataset(s.dataset)
+    (tx, ty), valid, test = (data.split(name) for name in ("train", "valid", "test"))
+    best = _fit(job.method, data, (tx, ty), valid, s, job.seed)
+    both = (np.concatenate([tx, valid[0]]), np.concatenate([ty, valid[1]]))
+    out = {**asdict(job), "best": best, "test": _fit(job.method, data, both, test, s, job.seed)}
+    return {**out, "total": time.process_time() - cpu, "seconds": time.perf_counter() - started}
+
+
+# ----------------------------------------------------------------------------- the report
+
+Curve = list[tuple[float, float | None]]
+
+
+def auc(curve: Curve, budget: float) -> float:
+    """The area under the best-so-far step curve on [0, budget] over the budget (0 before a result)."""
+    area, at, value = 0.0, 0.0, 0.0
+    for compute, best in curve:
+        compute = min(compute, budget)
+        area += (compute - at) * value
+        at, value = compute, best if best is not None else 0.0
+    return (area + (budget - at) * value) / budget
+
+
+def reached(curve: Curve, target: float) -> float | None:
+    """The compute at which the incumbent first reached `target`, None if it never did."""
+    return next((c for c, best in curve if best is not None and best >= target), None)
+
+
+def _reference(method: str) -> str:
+    """The RE run that `method`'s compute to RE's final best is measured against (same start)."""
+    return "RE-seeded" if METHODS[method].seeded else "RE"
+
+
+def _by_seed(rows: list[dict[str, Any]], method: str) -> dict[int, dict[str, Any]]:
+    return {r["seed"]: r for r in rows if r["method"] == method}
+
+
+def _to_reference(rows: list[dict[str, Any]], method: str, share: float) -> dict[int, float | None]:
+    """Per seed with both runs: `method`'s compute to `share` of the same seed's RE final best."""
+    runs, ref = _by_seed(rows, method), _by_seed(rows, _reference(method))
+    return {s: reached(runs[s]["curve"], share * ref[s]["best"]) for s in sorted(runs) if s in ref}
+
+
+def _waste(rows: list[dict[str, Any]], method: str) -> float:
+    """The share of a method's compute, over its seeds, that went to failed evaluations."""
+    runs = [r for r in rows if r["method"] == method]
+    return sum(r["wasted"] for r in runs) / max(sum(r["total"] for r in runs), 1e-9)
+
+
+def _kinds(failures: dict[str, int]) -> str:
+    """Failure counts by kind, most first: "3 time, 1 budget"."""
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(failures.items(), key=lambda kv: -kv[1]))
+
+
+def _seconds(values: list[float | None]) -> str:
+    """The mean compute of the seeds that reached a target (how many, if not all)."""
+    got = [v for v in values if v is not None]
+    if not values or not got:
+        return "never" if values else "-"
+    text = f"{statistics.fmean(got):.0f} s"
+    return text if len(got) == len(values) else f"{text} ({len(got)}/{len(values)})"
+
+
+def _pct(values: list[float]) -> str:
+    """Mean ± sd in %, nan (a failed retraining) counted out and said."""
+    known = [v for v in values if not math.isnan(v)]
+    if not known:
+        return "-"
+    sd = f" ± {100 * statistics.stdev(known):4.1f}" if len(known) > 1 else ""
+    return f"{100 * statistics.fmean(known):5.1f}{sd}" + ("" if len(known) == len(values) else "*")
+
+
+#: The table's columns: heading and width (the first left-aligned).
+COLUMNS = (
+    ("method", 20),
+    ("AUC", 6),
+    ("to 95% RE", 11),
+    ("wasted", 7),
+    ("valid %", 12),
+    ("test %", 12),
+    ("evals (failed, promoted)", 26),
+)
+
+
+def _line(*cells: str) -> str:
+    """One row of the table; missing cells at the end are blank."""
+    padded = [*cells, *[""] * (len(COLUMNS) - len(cells))]
+    return " ".join(
+        f"{c:<{w}}" if i == 0 else f"{c:>{w}}"
+        for i, (c, (_, w)) in enumerate(zip(padded, COLUMNS, strict=True))
+    )
+
+
+def report_task(task: Task, summary: str, rows: list[dict[str, Any]], budget: float) -> None:
+    """The task's table (searches, baselines, the seed alone) and its targets."""
+    searches = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    print(
+        f"\n{summary}; budget {budget:g} s of compute per search; seeds {sorted({r['seed'] for r in rows})}"
+    )
+    header = _line(*(name for name, _ in COLUMNS))
+    print(header + "\n" + "-" * len(header))
+    for m in searches:
+        runs = [r for r in rows if r["method"] == m]
+        ok, failed = (sum(r["counts"].get(k, 0) for r in runs) for k in ("ok", "failed"))
+        print(
+            _line(
+                m,
+                f"{statistics.fmean(auc(r['curve'], budget) for r in runs):.3f}",
+                _seconds(list(_to_reference(rows, m, 0.95).values())),
+                f"{100 * _waste(rows, m):.1f}%",
+                _pct([r["best"] for r in runs]),
+                _pct([r["test"] for r in runs]),
+                f"{ok + failed} ({failed}, {sum(r['promotions'] for r in runs)})",
+            )
+        )
+    for name in BASELINES:
+        runs = [r for r in rows if r["method"] == name]
+        if runs:
+            cost = f"{statistics.fmean(r['total'] for r in runs):.0f} s CPU, both trainings"
+            valid, test = _pct([r["best"] for r in runs]), _pct([r["test"] for r in runs])
+            print(_line(f"{name} (plain torch)", "", "", "", valid, test, cost))
+    alone = [r["seed_alone"] for r in rows if "seed_alone" in r]
+    if alone:
+        valid, test = _pct([v for v, _ in alone]), _pct([t for _, t in alone])
+        print(_line(f"{task.seed} alone", "", "", "", valid, test, "its run in RE-seeded"))
+    for line in targets(task, rows, searches):
+        print(line)
+
+
+def targets(task: Task, rows: list[dict[str, Any]], searches: list[str]) -> list[str]:
+    """Whether each target holds, with the numbers that decide it."""
+    lines = []
+    for sh in ("RE+SH", "RE+SH-seeded"):
+        ref = _reference(sh)
+        if sh not in searches or ref not in searches:
+            continue
+        ref_runs = _by_seed(rows, ref)
+        ratios = [
+            (c if c is not None else math.inf) / ref_runs[s]["total"]
+            for s, c in _to_reference(rows, sh, 1.0).items()
+        ]
+        mean = statistics.fmean(ratios)
+        verdict = "met" if mean <= 1 / TARGET_SPEEDUP else "not met"
+        per = ", ".join("never" if math.isinf(r) else f"{r:.2f}" for r in ratios)
+        lines.append(
+            f"(a) {verdict}: {sh} reached {ref}'s final best with {mean:.2f} of {ref}'s compute "
+            f"(target <= {1 / TARGET_SPEEDUP:.2f}; per seed {per})"
+        )
+    if not lines:
+        lines.append("(a) not measured: needs RE and RE+SH (from the same start)")
+    shares = {m: _waste(rows, m) for m in searches}
+    worst = max(shares, key=shares.get) if shares else None
+    if worst is not None:
+        verdict = "met" if shares[worst] <= TARGET_WASTE else "not met"
+        kinds: Counter[str] = Counter()
+        for r in rows:
+            if r["method"] == worst:
+                kinds.update(r["failures"])
+        lines.append(
+            f"(b) {verdict}: at most {100 * shares[worst]:.1f}% of a method's compute went to failed "
+            f"evaluations ({worst}, failures: {_kinds(kinds) or 'none'}; target <= {100 * TARGET_WASTE:.0f}%)"
+        )
+    scratch = [m for m in searches if not METHODS[m].seeded]
+    mlp = [r["test"] for r in rows if r["method"] == "MLP"]
+    if task.mlp_target and scratch and mlp:
+        means = {m: statistics.fmean(r["test"] for r in rows if r["method"] == m) for m in scratch}
+        best = max(means, key=means.get)
+        verdict = "met" if means[best] > statistics.fmean(mlp) else "not met"
+        lines.append(
+            f"(c) {verdict}: the best method from scratch, {best}, tests at {100 * means[best]:.1f}% "
+            f"against the plain-torch MLP's {100 * statistics.fmean(mlp):.1f}%"
+        )
+    return lines
+
+
+def _on_grid(curve: Curve, grid: np.ndarray) -> np.ndarray:
+    """The step curve's value at each grid point (nan before its first result)."""
+    at = np.array([c for c, _ in curve])
+    # index -1 (a grid point before the first record) picks the nan appended at the end
+    values = np.array([math.nan if v is None else v for _, v in curve] + [math.nan])
+    return values[np.searchsorted(at, grid, side="right") - 1]
+
+
+def plot(task: str, rows: list[dict[str, Any]], budget: float, path: Path) -> None:
+    """Best-so-far validation accuracy against compute: each method's mean over seeds (where all
+    seeds have a result) with its min-max band; the baselines' validation accuracy as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.linspace(0, budget, 301)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    families = sorted({m.removesuffix("-seeded") for m in METHODS}, key=list(METHODS).index)
+    for m in METHODS:
+        curves = [r["curve"] for r in rows if r["method"] == m]
+        if not curves:
+            continue
+        values = np.array([_on_grid(c, grid) for c in curves])
+        known = ~np.isnan(values).any(axis=0)
+        colour = f"C{families.index(m.removesuffix('-seeded'))}"
+        style = "--" if METHODS[m].seeded else "-"
+        x, seen = grid[known], values[:, known]
+        ax.plot(x, seen.mean(axis=0), style, color=colour, label=m)
+        ax.fill_between(x, seen.min(axis=0), seen.max(axis=0), color=colour, alpha=0.15)
+    for name, style in zip(BASELINES, (":", "-."), strict=True):
+        accs = [r["best"] for r in rows if r["method"] == name]
+        if accs:
+            ax.axhline(statistics.fmean(accs), color="grey", linestyle=style, label=f"{name} (plain torch)")
+    ax.set(
+        xlabel="cumulative compute (s)",
+        ylabel="best validation accuracy so far",
+        title=task,
+        xlim=(0, budget),
+    )
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _progress(r: dict[str, Any]) -> str:
+    """One line on a finished job."""
+    what = f"{r['total']:.0f} s compute, {r['seconds']:.0f} s wall"
+    if "counts" in r:
+        c, kinds = r["counts"], _kinds(r["failures"])
+        failed = f"{c.get('failed', 0)} failed" + (f" ({kinds})" if kinds else "")
+        cached = f"{c.get('cached', 0)} cached, {r['promotions']} promotions"
+        what = f"{c.get('ok', 0)} ok, {failed}, {cached}; {what}"
+    head = f"  {r['task']} {r['method']} seed {r['seed']}"
+    return f"{head}: valid {100 * r['best']:.1f} test {100 * r['test']:.1f} ({what})"
+
+
+def recipe(tasks: list[Task], budgets: dict[str, float], executor: dict[str, Any]) -> str:
+    """What every search and baseline shares, and what changes per task."""
+    from einspace.evaluators.training import TrainingSettings
+    from einspace.search.successive_halving import default_rungs
+
+    raw, defaults = quickstart(), TrainingSettings()
+    settings = {**raw["evaluator"]["settings"], "dataset": "*", "epochs": EPOCHS, "max_seconds": "*"}
+    optimiser = {k: getattr(defaults, k) for k in ("lr", "momentum", "weight_decay", "nesterov", "schedule")}
+    rungs = default_rungs(HALVING["min_fidelity"], EPOCHS, HALVING["eta"])
+    shared = {
+        "source": "experiments/quickstart.yaml",
+        "limits": raw["limits"],
+        "evaluator": {"name": raw["evaluator"]["name"], "settings": settings, "optimiser": optimiser},
+        "RE": raw["strategy"]["settings"] | {"evaluations": "until the budget is spent"},
+        "RE+SH": {**HALVING, "rungs": rungs},
+        "retraining on train+valid": retraining(settings),
+        "executor": executor,
+    }
+    per_task = {
+        t.name: {
+            "grammar": t.grammar,
+            "input": list(t.shape),
+            "seed": t.seed,
+            "max_seconds": t.max_seconds,
+            "budget_s": budgets[t.name],
+        }
+        for t in tasks
+    }
+    return f"recipe: {json.dumps(shared)}\nper task: {json.dumps(per_task)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="seed 0 only, small budgets")
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 (--quick: 0)")
+    parser.add_argument(
+        "--budget", type=float, default=None, help="compute seconds per search (default: per task)"
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="searches at once (ray: evaluations in flight)")
+    parser.add_argument("--out", type=Path, default=Path("runs/search_efficiency"))
+    parser.add_argument("--executor", choices=("in_process", "ray"), default="in_process")
+    parser.add_argument("--num-gpus", type=float, default=0.0, help="ray: the GPU share of each evaluation")
+    args = parser.parse_args()
+    tasks = [TASKS[name] for name in args.tasks]
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    budgets = {t.name: args.budget or (t.quick_budget if args.quick else t.budget) for t in tasks}
+    ray = args.executor == "ray"
+    in_flight = args.jobs if ray else 1
+    executor = {"kind": args.executor, "searches at once": 1 if ray else args.jobs, "in flight": in_flight}
+    if ray:
+        executor["num_gpus"] = args.num_gpus
+    data_dir = args.out.resolve() / "data"
+    print(f"search efficiency: tasks {args.tasks}, methods {args.methods}, seeds {seeds}")
+    print(recipe(tasks, budgets, executor))
+    summaries = prepare(tasks, data_dir)
+    jobs = [
+        (run_baseline, Job(t.name, b, s, budgets[t.name], str(data_dir)))
+        for t in tasks
+        for b in BASELINES
+        for s in seeds
+    ] + [
+        (
+            run_search,
+            Job(t.name, m, s, budgets[t.name], str(data_dir), args.executor, in_flight, args.num_gpus),
+        )
+        for t in tasks
+        for m in args.methods
+        for s in seeds
+    ]
+    started, results = time.perf_counter(), []
+    with search_pool(1 if ray else args.jobs) as pool:
+        futures = [pool.submit(fn, job) for fn, job in jobs]
+        for future in as_completed(futures):
+            results.append(future.result())
+            print(_progress(results[-1]), flush=True)
+    print(f"total {time.perf_counter() - started:.0f} s wall")
+    (args.out / "results.json").write_text(json.dumps(results))
+    for t in tasks:
+        rows = [r for r in results if r["task"] == t.name]
+        report_task(t, summaries[t.name], rows, budgets[t.name])
+        plot(t.name, rows, budgets[t.name], args.out / f"{t.name}.png")
+    plots = ", ".join(str(args.out / f"{t.name}.png") for t in tasks)
+    print(f"\nplots: {plots}; curves: {args.out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
