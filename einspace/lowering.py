@@ -141,6 +141,7 @@ class Conv(Kernel):
             h, w = height // k, width // k  # unfold drops the rows and columns that don't fit
             x = x[:, :, : h * k, : w * k].reshape(b, c, h, k, w, k).permute(0, 2, 4, 1, 3, 5)
             return F.linear(x.reshape(b, h * w, c * k * k), self.weight, self.bias)
+        given = x  # the weight follows the layout the caller gave (a patch embedding's own is no cue)
         if not self.fold:  # a channels-last input makes the output the tokens, contiguous
             x = x.contiguous(memory_format=torch.channels_last)
         if k == 1 and s > 1 and _onednn_strided_pointwise_bug(x):
@@ -151,7 +152,7 @@ class Conv(Kernel):
             x, s, p = (F.pad(x, (p, p, p, p)) if p else x)[..., ::s, ::s], 1, 0
             if not self.fold:
                 x = x.contiguous(memory_format=torch.channels_last)
-        weight = _in_layout_of(self.weight.reshape(self.weight.shape[0], c, k, k), x)
+        weight = _in_layout_of(self.weight.reshape(self.weight.shape[0], c, k, k), x if self.fold else given)
         out = F.conv2d(x, weight, self.bias, s, p)
         return out if self.fold else out.flatten(2).transpose(1, 2)
 
