@@ -21,6 +21,7 @@ tree's repeated proposals count once per rung.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,8 +44,10 @@ def default_rungs(min_fidelity: int, max_fidelity: int, eta: int) -> list[int]:
 
 
 class _Rung:
-    """The finished results at one fidelity: job id -> (tree, hash, fitness), first per tree only,
-    and which of them were promoted."""
+    """The finished results at one fidelity below the top: job id -> (tree, hash, fitness), first
+    per tree only, and which of them were promoted. A result that may not be promoted (failed or
+    partial) counts towards the rung's size with fitness -inf and without its tree, which keeps
+    the checkpoint small."""
 
     def __init__(self) -> None:
         self.results: dict[int, tuple[str, str, float]] = {}
@@ -55,7 +58,7 @@ class _Rung:
         if hash in self.hashes:
             return  # a repeated tree (its result came from the cache): one entry per tree
         self.hashes.add(hash)
-        self.results[job] = (tree, hash, fitness if promotable else float("-inf"))
+        self.results[job] = (tree, hash, fitness) if promotable else ("", hash, float("-inf"))
 
     def next_promotion(self, eta: int) -> int | None:
         """The best job in this rung's top 1/eta not yet promoted (ties: the earliest), or None."""
@@ -139,8 +142,9 @@ class SuccessiveHalving(Strategy):
     def tell(self, candidate_id: int, fitness: float, partial: bool = False) -> None:
         candidate = self._take_pending(candidate_id)
         level = self.rungs.index(candidate.fidelity)  # type: ignore[arg-type]
-        promotable = not partial and level + 1 < len(self.rungs)
-        self._levels[level].add(candidate.id, candidate.tree, candidate.hash, float(fitness), promotable)
+        if level + 1 < len(self.rungs):  # the top rung's results are never promoted: not kept
+            promotable = not partial and math.isfinite(fitness)
+            self._levels[level].add(candidate.id, candidate.tree, candidate.hash, float(fitness), promotable)
         base_id = self._base_of_job.pop(candidate.id, None)
         if base_id is not None:
             self.base.tell(base_id, fitness, partial=partial)
