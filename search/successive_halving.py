@@ -191,4 +191,5 @@ class SuccessiveHalving(Strategy):
         self._job_of_base = {int(base): int(job) for base, job in state["job_of_base"]}
 
     def _propose(self) -> None:  # pragma: no cover - `ask` is overridden whole
-        raise NotImplementedError
+        """Never called: candidates come from `ask`, as promotions or the wrapped strategy's proposals."""
+        raise NotImplementedError("SuccessiveHalving issues candidates in ask()")
