@@ -31,10 +31,14 @@ __all__ = [
 
 
 def best_records(history: list[Record], k: int) -> list[Record]:
-    """The k best successful evaluations, one per distinct tree (cached copies are not new), ranked
-    as the incumbent is chosen (`einspace.search.compute`): the highest fidelity first, then fitness."""
+    """The k best successful evaluations, ranked as the incumbent is chosen (`einspace.search.compute`:
+    the highest fidelity first, then fitness), one per distinct tree: its best-ranked evaluation (a
+    cached copy, or a promoted tree's lower rungs, is not another architecture)."""
     ok = [r for r in history if r.status == "ok" and r.fitness is not None]
-    return sorted(ok, key=lambda r: (*(-x for x in compute.rank(r)), r.id))[:k]
+    best: dict[str, Record] = {}  # hash -> the tree's best-ranked record, in rank order
+    for r in sorted(ok, key=lambda r: (*(-x for x in compute.rank(r)), r.id)):
+        best.setdefault(r.hash, r)
+    return list(best.values())[:k]
 
 
 def promotions(history: list[Record]) -> int:

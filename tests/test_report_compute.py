@@ -23,12 +23,14 @@ from einspace.search.store import Record, SQLiteStore
 from einspace.tree import content_hash
 
 
-def _record(id, status="ok", fitness=0.5, cpu=1.0, **fields) -> Record:
-    """A finished evaluation of tree `(S tID)` whose cost is `cpu` CPU seconds (no cost: `cost={}`)."""
+def _record(id, status="ok", fitness=0.5, cpu=1.0, tree=None, **fields) -> Record:
+    """A finished evaluation of tree `(S tN)`, N = `tree` (default: `id`), whose cost is `cpu` CPU
+    seconds (no cost: `cost={}`)."""
     fields.setdefault("cost", Cost(cpu_seconds=cpu, wall_seconds=2 * cpu).to_json())
     fitness = -math.inf if status == "failed" else fitness
+    n = id if tree is None else tree
     return Record(
-        id, f"(S t{id})", f"h{id}", fields.pop("origin", "sampled"), status=status, fitness=fitness, **fields
+        id, f"(S t{n})", f"h{n}", fields.pop("origin", "sampled"), status=status, fitness=fitness, **fields
     )
 
 
@@ -71,21 +73,24 @@ def test_console_reports_total_wasted_share_partial_results_and_when_the_best_wa
 
 
 def _multi_fidelity_history() -> list[Record]:
-    """Three architectures at fidelity 1 (one fails), promoted to 3 and one of them to 9: the
-    low-rung results are fitter than the only top-rung one."""
+    """Three architectures at fidelity 1 (one fails), promoted to 3 and one of them to 9 (a
+    promotion trains its parent's tree again): the low-rung results are fitter than the only
+    top-rung one."""
     return [
         _record(0, fitness=0.9, cpu=4, fidelity=1),
         _record(1, fitness=0.6, cpu=4, fidelity=1),
         _record(2, "failed", cpu=2, fidelity=1, error="diverged"),
-        _record(3, fitness=0.7, cpu=12, fidelity=3, origin="promotion", parents=(0,)),
-        _record(4, fitness=0.65, cpu=36, fidelity=9, origin="promotion", parents=(3,)),
-        _record(5, fitness=0.8, cpu=12, fidelity=3, origin="promotion", parents=(1,)),
+        _record(3, fitness=0.7, cpu=12, fidelity=3, origin="promotion", parents=(0,), tree=0),
+        _record(4, fitness=0.65, cpu=36, fidelity=9, origin="promotion", parents=(3,), tree=0),
+        _record(5, fitness=0.8, cpu=12, fidelity=3, origin="promotion", parents=(1,), tree=1),
     ]
 
 
 def test_multi_fidelity_report_ranks_the_top_fidelity_first_and_spends_per_rung(tmp_path):
     history = _multi_fidelity_history()
-    assert [r.id for r in best_records(history, 5)] == [4, 5, 3, 0, 1]
+    # each tree once, at its best-ranked evaluation: tree 0 at fidelity 9, tree 1 at 3, tree 6 at 1
+    newcomer = _record(6, fitness=0.95, cpu=4, fidelity=1)
+    assert [r.id for r in best_records([*history, newcomer], 5)] == [4, 5, 6]
     text = report(_store(tmp_path, history), plot=False)
     assert _compute_lines(text) == [
         "compute: total 70.0 s (CPU), 6 evaluated; wasted on failures 2.0 s (2.9%); best found after 58.0 s",
