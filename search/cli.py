@@ -86,8 +86,9 @@ class _Progress:
 
         new = [r for r in records if r.id not in self.counted]
         self.counted.update(r.id for r in new)
-        self.promoted += promotions(new)
-        self.done += len(new) - promotions(new)  # architectures, as the budget counts them
+        promoted = promotions(new)
+        self.promoted += promoted
+        self.done += len(new) - promoted  # architectures, as the budget counts them
         self.failed += sum(r.status == "failed" for r in new)
         self.cached += sum(r.status == "cached" for r in new)
         self.compute += sum(map(compute_of, new))

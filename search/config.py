@@ -182,15 +182,16 @@ class MultiFidelitySection:
                 f"but evaluator {evaluator.name!r} has none (the training evaluator's is its epochs)"
             )
         full, setting = evaluator.full_fidelity(), f"evaluator.settings.{evaluator.fidelity_setting}"
-        top = self.max_fidelity if self.max_fidelity is not None else full
-        key = "multi_fidelity.rungs" if self.rungs is not None else "multi_fidelity.max_fidelity"
-        if top > full or (self.rungs is not None and self.rungs[-1] > full):
-            highest = self.rungs[-1] if self.rungs is not None else top
-            raise ConfigError(f"{source}: {key}: the top rung {highest} is above {setting} ({full})")
-        rungs = default_rungs(self.min_fidelity, top, self.eta) if self.rungs is None else list(self.rungs)
+        if self.rungs is not None:
+            rungs, key = list(self.rungs), "multi_fidelity.rungs"
+        else:
+            top = self.max_fidelity if self.max_fidelity is not None else full
+            rungs, key = default_rungs(self.min_fidelity, top, self.eta), "multi_fidelity.max_fidelity"
+        if rungs[-1] > full:
+            raise ConfigError(f"{source}: {key}: the top rung {rungs[-1]} is above {setting} ({full})")
         if len(rungs) < 2:
             raise ConfigError(
-                f"{source}: {key}: min_fidelity {self.min_fidelity} and top rung {top} leave one rung "
+                f"{source}: {key}: min_fidelity {self.min_fidelity} and top rung {rungs[-1]} leave one rung "
                 f"{rungs}; successive halving needs two or more (lower min_fidelity or raise {setting})"
             )
         return replace(self, rungs=tuple(rungs), max_fidelity=rungs[-1])
@@ -417,6 +418,8 @@ def _multi_fidelity(data: dict[str, Any]) -> MultiFidelitySection:
 def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
     """The scheduler's name and numbers, before anything is loaded (their fit to the evaluator's
     fidelity is `MultiFidelitySection.resolved`)."""
+    from einspace.search.successive_halving import rungs_problem
+
     if m["scheduler"] not in SCHEDULERS:
         known = " or ".join(repr(name) for name in SCHEDULERS)
         raise ConfigError(f"{source}: multi_fidelity.scheduler must be {known}, got {m['scheduler']!r}")
@@ -429,14 +432,13 @@ def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
         if m[key] is not None and m[key] < 1:
             raise ConfigError(f"{source}: multi_fidelity.{key} must be a positive integer, got {m[key]!r}")
     rungs = m["rungs"]
-    if rungs is not None:
-        if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in rungs):
-            raise ConfigError(f"{source}: multi_fidelity.rungs must be positive integers, got {rungs!r}")
-        if len(rungs) < 2 or any(b <= a for a, b in zip(rungs, rungs[1:], strict=False)):
-            raise ConfigError(
-                f"{source}: multi_fidelity.rungs must be two or more strictly increasing fidelities, "
-                f"got {rungs!r}"
-            )
+    if rungs is not None and (problem := rungs_problem(rungs)) is not None:
+        raise ConfigError(f"{source}: multi_fidelity.rungs must be {problem}, got {rungs!r}")
+    if rungs is not None and m["max_fidelity"] is not None and m["max_fidelity"] != rungs[-1]:
+        raise ConfigError(
+            f"{source}: multi_fidelity.max_fidelity {m['max_fidelity']} disagrees with the top of "
+            f"multi_fidelity.rungs ({rungs[-1]}); give one of them"
+        )
 
 
 #: The multi-fidelity schedulers an experiment may name.

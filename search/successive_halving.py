@@ -28,7 +28,7 @@ from typing import Any
 from einspace.errors import EinspaceError
 from einspace.search.strategy import Candidate, Strategy
 
-__all__ = ["PROMOTION", "SuccessiveHalving", "default_rungs"]
+__all__ = ["PROMOTION", "SuccessiveHalving", "default_rungs", "rungs_problem"]
 
 #: The origin of an evaluation that trains an earlier one's tree at the next rung.
 PROMOTION = "promotion"
@@ -41,6 +41,15 @@ def default_rungs(min_fidelity: int, max_fidelity: int, eta: int) -> list[int]:
         rungs.append(fidelity)
         fidelity *= eta
     return rungs + [max_fidelity]
+
+
+def rungs_problem(rungs: Sequence[int]) -> str | None:
+    """What keeps `rungs` from being successive halving's rungs (None: nothing)."""
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in rungs):
+        return "positive integers"
+    if len(rungs) < 2 or any(b <= a for a, b in zip(rungs, rungs[1:], strict=False)):
+        return "two or more strictly increasing fidelities"
+    return None
 
 
 class _Rung:
@@ -93,8 +102,8 @@ class SuccessiveHalving(Strategy):
     def __init__(self, base: Strategy, rungs: Sequence[int], eta: int = 3):
         if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
             raise EinspaceError(f"successive halving needs an integer eta >= 2, got {eta!r}")
-        if len(rungs) < 2 or any(b <= a for a, b in zip(rungs, rungs[1:], strict=False)) or rungs[0] < 1:
-            raise EinspaceError(f"successive halving needs 2+ increasing rungs >= 1, got {list(rungs)}")
+        if (problem := rungs_problem(rungs)) is not None:
+            raise EinspaceError(f"successive halving needs rungs that are {problem}, got {list(rungs)}")
         self.base, self.rungs, self.eta = base, list(rungs), eta
         self.space, self.evaluations = base.space, base.evaluations
         self.reports_mean = base.reports_mean

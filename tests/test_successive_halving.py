@@ -213,6 +213,7 @@ BAD = [
     ({"min_fidelity": 9}, "leave one rung"),
     ({"min_fidelity": 0}, "multi_fidelity.min_fidelity must be a positive integer"),
     ({"scheduler": "hyperband"}, "multi_fidelity.scheduler must be 'none' or 'successive_halving'"),
+    ({"rungs": [1, 3], "max_fidelity": 8}, r"multi_fidelity.max_fidelity 8 disagrees with the top of"),
 ]
 
 
