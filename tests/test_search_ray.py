@@ -71,26 +71,36 @@ def test_ray_search_completes(tmp_path, shared):
     assert all(r.worker for r in history if r.status == "ok")
 
 
-def test_ray_search_with_successive_halving_keeps_every_slot_busy(tmp_path, shared):
+def test_ray_search_with_successive_halving_keeps_every_slot_busy(tmp_path, shared, monkeypatch):
     """Promotions and new architectures fill the free slots as results come back (no rung waits to
-    fill): the loop always has both workers busy until the scheduler has nothing left to start."""
+    fill): whenever the loop waits for results, both workers are busy, until the wrapped strategy
+    has proposed its last architecture."""
     e = ray_experiment(
         tmp_path,
         evaluator={"name": "test_fidelity", "settings": {"epochs": 9}},
         strategy={"name": "random_search", "settings": {"evaluations": 24}},
         multi_fidelity={"scheduler": "successive_halving"},
     )
-    busy = []
+    seen, waits = [], []  # the scheduler (from the first result on); (in flight, proposals left) per wait
+    wait = shared.wait
+
+    def counting_wait(timeout=None):
+        left = not seen or seen[0].base.next_id < seen[0].evaluations
+        waits.append((shared.in_flight, left))
+        return wait(timeout)
+
+    monkeypatch.setattr(shared, "wait", counting_wait)
     store = open_store(e)
     try:
-        summary = run_search(e, shared, store, on_result=lambda r, s: busy.append(shared.in_flight))
+        summary = run_search(e, shared, store, on_result=lambda r, s: seen[:1] or seen.append(s))
         history = store.history()
     finally:
         store.close()
     assert summary.finished
     assert {r.fidelity for r in history} == {1, 3, 9} and all(r.worker for r in history if r.status == "ok")
     assert all(r.cost["cpu_seconds"] > 0 for r in history if r.status == "ok")
-    assert min(busy[: len(busy) - 2]) >= 1  # while results come in, the other slot is working
+    busy = [n for n, left in waits if left]
+    assert len(busy) > 10 and min(busy) == 2
 
 
 def test_ray_with_one_in_flight_reproduces_the_in_process_history(tmp_path, shared):
