@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "Continuation": "base",
     "EvaluationFailed": "base",
     "Evaluator": "base",
     "Result": "base",

@@ -85,6 +85,20 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class Continuation:
+    """Training that carries on across the rungs of a multi-fidelity search. Every rung follows
+    the schedule of `horizon` epochs (the top rung's), so a tree promoted to a higher rung trains
+    on from the state its lower rung saved instead of from scratch, and the top rung's result is
+    the one an uninterrupted training of `horizon` epochs would give. `save`: where this run's
+    final state goes (None: nowhere); `load`: the state to start from (None, or a file that is not
+    there: start fresh, with the same schedule)."""
+
+    horizon: int
+    save: str | None = None
+    load: str | None = None
+
+
+@dataclass(frozen=True)
 class Task:
     """One evaluation to run: all plain data, so it can be sent to another process or node."""
 
@@ -96,13 +110,16 @@ class Task:
     mode: str | None = None  # input mode; None: from the rank
     random_seed: int = 0
     fidelity: int | None = None  # the evaluator's `fidelity_setting` for this run (None: its own)
+    continuation: Continuation | None = None  # only for evaluators that `continues`
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Task:
-        return Task(**{**data, "input_shape": tuple(data["input_shape"])})
+        c = data.get("continuation")
+        continuation = Continuation(**c) if c is not None else None
+        return Task(**{**data, "input_shape": tuple(data["input_shape"]), "continuation": continuation})
 
 
 @dataclass(frozen=True)
@@ -147,6 +164,9 @@ class Evaluator(ABC):
     #: The integer setting a task's `fidelity` overrides (multi-fidelity search trains the same tree
     #: at increasing values of it), or None for an evaluator with no notion of fidelity.
     fidelity_setting: ClassVar[str | None] = None
+    #: Whether `evaluate_continued` can train on from a saved state (`Continuation`), so that
+    #: multi-fidelity search promotes without training again from scratch.
+    continues: ClassVar[bool] = False
 
     def full_fidelity(self) -> int | None:
         """The value of `fidelity_setting` in this evaluator's settings: the top fidelity."""
@@ -161,6 +181,13 @@ class Evaluator(ABC):
     def evaluate(self, checked: CheckedTree, random_seed: int) -> dict[str, float]:
         """Metrics of `checked`, a tree already checked against the task's grammar and input
         (`checked.input[0]`), so it needs no checking again."""
+
+    def evaluate_continued(
+        self, checked: CheckedTree, random_seed: int, continuation: Continuation
+    ) -> dict[str, float]:
+        """`evaluate`, starting from `continuation.load` and saving to `continuation.save`;
+        evaluators that set `continues` implement it."""
+        raise EinspaceError(f"evaluator {self.name!r} cannot continue training from a saved state")
 
 
 #: Every evaluator class by name. The built-in ones register as their modules are imported, on
@@ -223,7 +250,10 @@ def run_task(task: Task) -> Result:
         state = input_state(task.input_shape, task.mode)
         checked = check_tree(parse_tree(task.tree), grammar, state)
         evaluator = get_evaluator(task.evaluator, task_settings(task))
-        metrics = evaluator.evaluate(checked, task.random_seed)
+        if task.continuation is None:
+            metrics = evaluator.evaluate(checked, task.random_seed)
+        else:
+            metrics = evaluator.evaluate_continued(checked, task.random_seed, task.continuation)
         fitness = float(metrics["fitness"])
     except EvaluationFailed as exc:
         return meter.failure(str(exc), exc.progress)

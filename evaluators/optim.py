@@ -117,6 +117,20 @@ class Optimizers:
         for scheduler in self.schedulers:
             scheduler.step()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Every optimiser's and schedule's state (tensors and plain values: loads with
+        `torch.load(..., weights_only=True)`)."""
+        return {
+            "optimizers": [o.state_dict() for o in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
+        for scheduler, saved in zip(self.schedulers, state["schedulers"], strict=True):
+            scheduler.load_state_dict(saved)
+
     def learning_rates(self) -> dict[str, float]:
         """The current learning rate of each group, by kind."""
         return {group["name"]: group["lr"] for group in self.param_groups}

@@ -14,6 +14,10 @@ the time budget, out of memory, a NaN or infinite loss) raise EvaluationFailed w
 and how far training got, which `run_task` records as a failed Result. A run whose time budget
 runs out anyway stops, is scored, and reports `partial` 1.0 and the epochs it trained.
 
+Multi-fidelity search can ask a run to go on from a lower rung's saved state (a `Continuation`:
+einspace.evaluators.continuation): its schedule is then the top rung's, and it trains only the
+epochs after the saved ones.
+
 Determinism: the same random_seed gives bit-identical results on CPU with the same torch
 version and thread count (initialisation and batch order come from seeded generators). On a
 GPU, cuDNN algorithm choice and atomic adds make runs differ in the last bits unless
@@ -37,8 +41,9 @@ from einspace.errors import EinspaceError
 from einspace.evaluators._runtime import STEP_MODES, Runtime, autocast_dtype, out_of_memory, resolve_device
 from einspace.evaluators._settings import require, settings_from
 from einspace.evaluators.auxiliary import AuxiliaryObjective, check_auxiliary_settings
-from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evaluator
+from einspace.evaluators.base import Continuation, EvaluationFailed, Evaluator, register_evaluator
 from einspace.evaluators.budgets import Budget, budget_violation
+from einspace.evaluators.continuation import Resumption
 from einspace.evaluators.datasets import Dataset, load_dataset
 from einspace.evaluators.objectives import Objective, objective_for
 from einspace.evaluators.optim import build_optimizer
@@ -46,7 +51,7 @@ from einspace.evaluators.time_model import Forecast, Workload, calibrated
 from einspace.grammar.model import Grammar
 from einspace.state import FeatureState
 from einspace.trainable import architecture_metrics, constrain_architecture
-from einspace.tree import Node
+from einspace.tree import Node, content_hash
 
 __all__ = ["FINAL_EPOCHS", "TrainingEvaluator", "TrainingSettings", "final_evaluation", "train_and_test"]
 
@@ -191,11 +196,16 @@ _FORWARD_SHARE = 1 / 3
 
 
 def _forecast(
-    checked: CheckedTree, settings: TrainingSettings, objective: Objective, examples: int, eval_examples: int
+    checked: CheckedTree,
+    settings: TrainingSettings,
+    objective: Objective,
+    examples: int,
+    eval_examples: int,
+    epochs: int | None = None,
 ) -> Forecast | None:
-    """The predicted time of the run under a time budget (None: no budget, or no calibration on
-    this device). Refuses, before anything is built, a tree predicted to take more than
-    `predicted_time_margin` times the budget."""
+    """The predicted time of a run of `epochs` (default: the settings') under a time budget
+    (None: no budget, or no calibration on this device). Refuses, before anything is built, a
+    tree predicted to take more than `predicted_time_margin` times the budget."""
     if settings.max_seconds is None:
         return None
     device = resolve_device(settings.device)
@@ -204,7 +214,12 @@ def _forecast(
         return None
     workload = Workload.of(checked, objective.budget_classes)
     forecast = model.forecast(
-        workload, settings.epochs, examples, settings.batch_size, eval_examples, settings.eval_batch_size
+        workload,
+        settings.epochs if epochs is None else epochs,
+        examples,
+        settings.batch_size,
+        eval_examples,
+        settings.eval_batch_size,
     )
     limit = settings.predicted_time_margin * settings.max_seconds
     if forecast.seconds > limit:
@@ -294,11 +309,13 @@ def _train(
     random_seed: int,
     data_keys: tuple[Hashable | None, Hashable | None] = (None, None),
     forecast: Forecast | None = None,
+    resumption: Resumption | None = None,
 ) -> dict[str, float]:
     """Build, train and score one network: eval_loss and eval_metric on `evaluation`, the
     training loss and metric of the last epoch, size, time per phase and progress (`partial`
     1.0 when the time budget stopped training). `data_keys` name the train and evaluation arrays
-    for the device's data cache (None: not cached); `forecast` is the run's predicted time."""
+    for the device's data cache (None: not cached); `forecast` is the run's predicted time;
+    `resumption` continues a saved run (the epochs after its own, on its schedule) and saves this one."""
     started = time.perf_counter()
     laps = _Laps()
     runtime = Runtime(settings.device, settings.amp, settings.channels_last, settings.deterministic)
@@ -311,7 +328,11 @@ def _train(
     n = len(train[1])
     steps_per_epoch = math.ceil(n / settings.batch_size)
     progress = _Progress(steps_per_epoch, runtime.device.type == "cuda")
-    budget = _Projection(settings, started, settings.epochs * steps_per_epoch, len(evaluation[1]), forecast)
+    start = resumption.start if resumption is not None else 0
+    horizon = resumption.horizon if resumption is not None else settings.epochs
+    budget = _Projection(
+        settings, started, (settings.epochs - start) * steps_per_epoch, len(evaluation[1]), forecast
+    )
     partial = False
     try:
         model = objective.build(checked, settings.lower)
@@ -327,9 +348,11 @@ def _train(
             milestones=settings.milestones,
             gamma=settings.gamma,
             steps_per_epoch=steps_per_epoch,
-            epochs=settings.epochs,
+            epochs=horizon,
             overrides=settings.param_groups,
         )
+        if resumption is not None:
+            resumption.restore(model, optimizers, shuffle)
         auxiliary = AuxiliaryObjective(model, checked, settings.auxiliary_losses)
         constrained = any(callable(getattr(m, "constrain_architecture", None)) for m in model.modules())
         laps("build")
@@ -343,7 +366,7 @@ def _train(
         model.train()
         forward, applied = _step_forward(model, runtime, settings, auxiliary, constrained, train_x)
         laps("capture")
-        for epoch in range(settings.epochs):
+        for epoch in range(start, settings.epochs):
             model.train()
             order = torch.randperm(n, generator=shuffle)
             loss_sum = torch.zeros((), device=runtime.device)
@@ -389,6 +412,9 @@ def _train(
         laps("validation")
         progress.device_ended = time.perf_counter()
         extras = {**auxiliary_terms, **auxiliary.final_metrics(), **architecture_metrics(model)}
+        if resumption is not None and not partial:
+            tree = content_hash(checked.tree)
+            extras.update(resumption.finish(tree, settings.epochs, model, optimizers, shuffle))
         if settings.step_mode != "eager":
             extras["step_mode_applied"] = float(applied)
     except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
@@ -470,6 +496,7 @@ class TrainingEvaluator(Evaluator):
 
     name = "training"
     fidelity_setting = "epochs"
+    continues = True
 
     def __init__(self, **settings: Any):
         self.settings = settings_from(TrainingSettings, self.name, settings)
@@ -486,6 +513,17 @@ class TrainingEvaluator(Evaluator):
         objective_for(dataset, self.settings.metric, self.settings)
 
     def evaluate(self, checked: CheckedTree, random_seed: int) -> dict[str, float]:
+        return self._evaluate(checked, random_seed, None)
+
+    def evaluate_continued(
+        self, checked: CheckedTree, random_seed: int, continuation: Continuation
+    ) -> dict[str, float]:
+        resumption = Resumption.of(continuation, content_hash(checked.tree), self.settings.epochs)
+        return self._evaluate(checked, random_seed, resumption)
+
+    def _evaluate(
+        self, checked: CheckedTree, random_seed: int, resumption: Resumption | None
+    ) -> dict[str, float]:
         s = self.settings
         dataset = load_dataset(s.dataset)
         _check_input(dataset, checked.input[0])
@@ -494,8 +532,9 @@ class TrainingEvaluator(Evaluator):
         train = _subset(dataset.train_x, dataset.train_y, s.train_subset)
         valid = _subset(dataset.valid_x, dataset.valid_y, s.valid_subset)
         keys = ((dataset, "train", s.train_subset), (dataset, "valid", s.valid_subset))
-        forecast = _forecast(checked, s, objective, len(train[1]), len(valid[1]))
-        metrics = _train(checked, objective, train, valid, s, random_seed, keys, forecast)
+        start = resumption.start if resumption is not None else 0
+        forecast = _forecast(checked, s, objective, len(train[1]), len(valid[1]), s.epochs - start)
+        metrics = _train(checked, objective, train, valid, s, random_seed, keys, forecast, resumption)
         value, loss = metrics.pop("eval_metric"), metrics.pop("eval_loss")
         named = {f"valid_{objective.metric}": value, "valid_loss": loss}
         return {"fitness": objective.fitness(value), **named, **metrics}

@@ -59,6 +59,7 @@ _SPEC: dict[str, Any] = {
         "min_fidelity": ((int,), 1),  # the lowest rung (epochs, for the training evaluator)
         "max_fidelity": ((int, None), None),  # the top rung; None: the evaluator's own (its epochs)
         "rungs": ((list, None), None),  # explicit increasing fidelities, instead of min/max/eta
+        "promotion": ((str, None), None),  # continue | retrain; None: continue where the evaluator can
     },
     "executor": {
         "kind": ((str,), "ray"),
@@ -156,18 +157,25 @@ class StrategySection:
 @dataclass(frozen=True)
 class MultiFidelitySection:
     """Multi-fidelity scheduling (README, "Spending compute where it pays"): `scheduler` none, or
-    successive_halving over the rungs. A checked experiment holds the rungs resolved (from
-    min/max/eta and the evaluator's own fidelity when not given), so a run stores what it used."""
+    successive_halving over the rungs. A checked experiment holds the rungs and the promotion
+    resolved (from min/max/eta and the evaluator's own fidelity when not given; `continue` where
+    the evaluator can), so a run stores what it used."""
 
     scheduler: str  # none | successive_halving
     eta: int
     min_fidelity: int
     max_fidelity: int | None
     rungs: tuple[int, ...] | None
+    promotion: str | None  # continue (from the lower rung's trained state) | retrain (from scratch)
 
     @property
     def enabled(self) -> bool:
         return self.scheduler != "none"
+
+    @property
+    def continues(self) -> bool:
+        """Whether promotions train on from the lower rung's state (resolved sections only)."""
+        return self.enabled and self.promotion == "continue"
 
     def resolved(self, evaluator: Any, source: str) -> MultiFidelitySection:
         """The section with its rungs worked out for `evaluator` (an Evaluator instance), or a
@@ -194,7 +202,13 @@ class MultiFidelitySection:
                 f"{source}: {key}: min_fidelity {self.min_fidelity} and top rung {rungs[-1]} leave one rung "
                 f"{rungs}; successive halving needs two or more (lower min_fidelity or raise {setting})"
             )
-        return replace(self, rungs=tuple(rungs), max_fidelity=rungs[-1])
+        if self.promotion == "continue" and not evaluator.continues:
+            raise ConfigError(
+                f"{source}: multi_fidelity.promotion 'continue' needs an evaluator that can train on "
+                f"from a saved state, and {evaluator.name!r} cannot; use promotion: retrain"
+            )
+        promotion = self.promotion or ("continue" if evaluator.continues else "retrain")
+        return replace(self, rungs=tuple(rungs), max_fidelity=rungs[-1], promotion=promotion)
 
 
 @dataclass(frozen=True)
@@ -321,7 +335,8 @@ class Experiment:
             raise EinspaceError("the multi_fidelity rungs are not resolved: check the experiment first")
         return SuccessiveHalving(strategy, m.rungs, m.eta)
 
-    def task(self, tree: str, fidelity: int | None = None):  # noqa: ANN201 - Task
+    def task(self, tree: str, fidelity: int | None = None, continuation: Any = None):  # noqa: ANN201 - Task
+        """The evaluation of `tree` at `fidelity` (a `Continuation`: going on from a saved state)."""
         from einspace.evaluators.base import Task
 
         return Task(
@@ -333,6 +348,7 @@ class Experiment:
             mode=self.input.mode,
             random_seed=self.random_seed,
             fidelity=fidelity,
+            continuation=continuation,
         )
 
     def make_executor(self, address: str | None = None):  # noqa: ANN201 - Executor
@@ -431,6 +447,9 @@ def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
     for key in ("min_fidelity", "max_fidelity"):
         if m[key] is not None and m[key] < 1:
             raise ConfigError(f"{source}: multi_fidelity.{key} must be a positive integer, got {m[key]!r}")
+    if m["promotion"] not in (None, *PROMOTIONS):
+        known = " or ".join(repr(name) for name in PROMOTIONS)
+        raise ConfigError(f"{source}: multi_fidelity.promotion must be {known}, got {m['promotion']!r}")
     rungs = m["rungs"]
     if rungs is not None and (problem := rungs_problem(rungs)) is not None:
         raise ConfigError(f"{source}: multi_fidelity.rungs must be {problem}, got {rungs!r}")
@@ -443,6 +462,8 @@ def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
 
 #: The multi-fidelity schedulers an experiment may name.
 SCHEDULERS = ("none", "successive_halving")
+#: How a promoted tree trains at its next rung: on from its lower rung's state, or from scratch.
+PROMOTIONS = ("continue", "retrain")
 
 
 def _check_values(data: dict[str, Any], source: str) -> None:

@@ -25,6 +25,7 @@ from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
 from einspace.search.store import Record, SQLiteStore, Store
 from einspace.search.strategy import Candidate, Strategy
+from einspace.search.trained_states import TrainedStates
 
 if TYPE_CHECKING:
     from einspace.checker import CheckedTree
@@ -207,6 +208,7 @@ class _Session:
         #: (hash, fidelity) of each evaluation in flight -> the duplicates waiting for it
         self.waiting: dict[tuple[str, int | None], list[Candidate]] = {}
         self.summary = RunSummary()
+        self.states = TrainedStates.of(run.directory, self.experiment.multi_fidelity, self.strategy)
 
     def run(self) -> RunSummary:
         started = time.perf_counter()
@@ -272,7 +274,10 @@ class _Session:
 
     def _submit(self, candidate: Candidate) -> None:
         self.store.submit(_record(candidate))
-        self.executor.submit(candidate.id, self.experiment.task(candidate.tree, candidate.fidelity))
+        continuation = self.states.continuation(candidate) if self.states is not None else None
+        self.executor.submit(
+            candidate.id, self.experiment.task(candidate.tree, candidate.fidelity, continuation)
+        )
         self.in_flight[candidate.id] = candidate
         self.waiting[candidate.key] = []
 
@@ -307,6 +312,8 @@ class _Session:
         fitness = record.fitness if record.fitness is not None else float("-inf")
         self.strategy.tell(candidate.id, fitness, partial=record.partial)
         self.store.save_checkpoint(self.strategy.state_dict())
+        if self.states is not None:
+            self.states.prune()
         self.summary.count(record)
         if self.on_result is not None:
             self.on_result(record, self.strategy)

@@ -45,6 +45,7 @@ class Candidate:
     origin: str  # "sampled", "seed:<name>", "mutation", "crossover" or "promotion"
     parents: tuple[int, ...] = ()
     fidelity: int | None = None  # what to train it for (epochs); None: the evaluator's own setting
+    continues: int | None = None  # the evaluation whose trained state it may go on from (a promotion's)
 
     @property
     def key(self) -> tuple[str, int | None]:
@@ -59,6 +60,7 @@ class Candidate:
             "origin": self.origin,
             "parents": list(self.parents),
             "fidelity": self.fidelity,
+            "continues": self.continues,
         }
 
     @staticmethod
@@ -70,6 +72,7 @@ class Candidate:
             data["origin"],
             tuple(data["parents"]),
             data.get("fidelity"),  # absent in checkpoints written before multi-fidelity search
+            data.get("continues"),
         )
 
 

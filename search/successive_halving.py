@@ -14,9 +14,12 @@ Higher rungs decide what the run reports as its best (`einspace.search.compute.i
 
 Every rung's result is its own evaluation in the store (origin "promotion", the lower rung's
 evaluation as its parent), so a killed run resumes with nothing lost; promotions are part of the
-checkpoint, so none is made twice. A result scored before reaching its rung's fidelity (a time
-budget stopped it: `partial`) is never promoted, since more epochs would not fit either, and a
-tree's repeated proposals count once per rung.
+checkpoint, so none is made twice. Where the evaluator can (`Evaluator.continues`; multi_fidelity
+`promotion: continue`, the default), a promoted tree trains on from the state its lower rung saved,
+every rung following the top rung's schedule, so promotion costs only the epochs between rungs;
+`live_states` says which saved states may still be needed. A result scored before reaching its
+rung's fidelity (a time budget stopped it: `partial`) is never promoted, since more epochs would
+not fit either, and a tree's repeated proposals count once per rung.
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ class _Rung:
                 return job
         return None
 
+    def worth_keeping(self, eta: int) -> set[int]:
+        """Results not promoted yet within the best 2/eta of the rung: twice the share promoted
+        (one ranked lower reaches the top 1/eta only if the rung grows with many worse results)."""
+        ranked = sorted(self.results, key=lambda job: (-self.results[job][2], job))
+        return {job for job in ranked[: math.ceil(2 * len(ranked) / eta)] if job not in self.promoted}
+
     def to_json(self) -> dict[str, Any]:
         results = [[job, t, h, None if f == float("-inf") else f] for job, (t, h, f) in self.results.items()]
         return {"results": results, "promoted": sorted(self.promoted)}
@@ -124,7 +133,7 @@ class SuccessiveHalving(Strategy):
             level, job = promotion
             self._levels[level].promoted.add(job)
             tree, hash, _ = self._levels[level].results[job]
-            return self._issue(tree, hash, PROMOTION, (job,), self.rungs[level + 1])
+            return self._issue(tree, hash, PROMOTION, (job,), self.rungs[level + 1], continues=job)
         proposal = self.base.ask()
         if proposal is None:
             return None
@@ -142,8 +151,16 @@ class SuccessiveHalving(Strategy):
                 return level, job
         return None
 
-    def _issue(self, tree: str, hash: str, origin: str, parents: tuple[int, ...], fidelity: int) -> Candidate:
-        candidate = Candidate(self.next_id, tree, hash, origin, parents, fidelity)
+    def _issue(
+        self,
+        tree: str,
+        hash: str,
+        origin: str,
+        parents: tuple[int, ...],
+        fidelity: int,
+        continues: int | None = None,
+    ) -> Candidate:
+        candidate = Candidate(self.next_id, tree, hash, origin, parents, fidelity, continues)
         self.next_id += 1
         self._pending[candidate.id] = candidate
         return candidate
@@ -161,6 +178,17 @@ class SuccessiveHalving(Strategy):
     @property
     def done(self) -> bool:
         return self.base.done and not self._pending and self._promotion() is None
+
+    def live_states(self) -> set[int]:
+        """The evaluations whose trained state a promotion may still go on from: those below the
+        top rung in flight, the sources of promotions in flight, and each lower rung's
+        `worth_keeping`. A promotion whose source state is gone trains from scratch."""
+        top = self.rungs[-1]
+        live = {c.id for c in self._pending.values() if c.fidelity != top}
+        live |= {c.continues for c in self._pending.values() if c.continues is not None}
+        for level in self._levels[:-1]:
+            live |= level.worth_keeping(self.eta)
+        return live
 
     def promotions(self) -> int:
         """Promotions issued so far."""

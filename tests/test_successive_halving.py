@@ -214,6 +214,8 @@ BAD = [
     ({"min_fidelity": 0}, "multi_fidelity.min_fidelity must be a positive integer"),
     ({"scheduler": "hyperband"}, "multi_fidelity.scheduler must be 'none' or 'successive_halving'"),
     ({"rungs": [1, 3], "max_fidelity": 8}, r"multi_fidelity.max_fidelity 8 disagrees with the top of"),
+    ({"promotion": "resume"}, "multi_fidelity.promotion must be 'continue' or 'retrain'"),
+    ({"promotion": "continue"}, "'test_fidelity' cannot; use promotion: retrain"),
 ]
 
 
