@@ -8,6 +8,9 @@ best 1/eta of its rung that has not been promoted, and trains that tree at the n
 when there is none does it ask the wrapped strategy for a new architecture. No rung waits to fill
 up, so every worker stays busy (the asynchronous rule of ASHA, Algorithm 2 of the paper).
 
+Seeds (architectures the user trusts) are not screened: a seed that trains at the lowest rung is
+promoted up to the top whatever its rank, so the run knows how it does at full fidelity.
+
 What the wrapped strategy hears: the lowest rung's result of each architecture it proposed, a
 fitness all its architectures share, so regularised evolution's tournaments compare like with like.
 Higher rungs decide what the run reports as its best (`einspace.search.compute.incumbent`).
@@ -57,7 +60,8 @@ def rungs_problem(rungs: Sequence[int]) -> str | None:
 
 class _Rung:
     """The finished results at one fidelity below the top: job id -> (tree, hash, fitness), first
-    per tree only, and which of them were promoted. A result that may not be promoted (failed or
+    per tree only, which of them were promoted, and which are `favoured` (seeds, and their
+    promotions: promoted whatever their rank). A result that may not be promoted (failed or
     partial) counts towards the rung's size with fitness -inf and without its tree, which keeps
     the checkpoint small."""
 
@@ -65,12 +69,19 @@ class _Rung:
         self.results: dict[int, tuple[str, str, float]] = {}
         self.hashes: set[str] = set()
         self.promoted: set[int] = set()
+        self.favoured: set[int] = set()
 
-    def add(self, job: int, tree: str, hash: str, fitness: float, promotable: bool) -> None:
+    def add(self, job: int, tree: str, hash: str, fitness: float, promotable: bool, favoured: bool) -> None:
         if hash in self.hashes:
             return  # a repeated tree (its result came from the cache): one entry per tree
         self.hashes.add(hash)
         self.results[job] = (tree, hash, fitness) if promotable else ("", hash, float("-inf"))
+        if favoured and promotable:
+            self.favoured.add(job)
+
+    def next_favoured(self) -> int | None:
+        """The earliest favoured job not yet promoted, or None."""
+        return min(self.favoured - self.promoted, default=None)
 
     def next_promotion(self, eta: int) -> int | None:
         """The best job in this rung's top 1/eta not yet promoted (ties: the earliest), or None."""
@@ -84,11 +95,12 @@ class _Rung:
         """Results not promoted yet within the best 2/eta of the rung: twice the share promoted
         (one ranked lower reaches the top 1/eta only if the rung grows with many worse results)."""
         ranked = sorted(self.results, key=lambda job: (-self.results[job][2], job))
-        return {job for job in ranked[: math.ceil(2 * len(ranked) / eta)] if job not in self.promoted}
+        best = set(ranked[: math.ceil(2 * len(ranked) / eta)])
+        return (best | self.favoured) - self.promoted
 
     def to_json(self) -> dict[str, Any]:
         results = [[job, t, h, None if f == float("-inf") else f] for job, (t, h, f) in self.results.items()]
-        return {"results": results, "promoted": sorted(self.promoted)}
+        return {"results": results, "promoted": sorted(self.promoted), "favoured": sorted(self.favoured)}
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> _Rung:
@@ -97,6 +109,7 @@ class _Rung:
             rung.results[int(job)] = (tree, hash, float("-inf") if fitness is None else float(fitness))
             rung.hashes.add(hash)
         rung.promoted = {int(job) for job in data["promoted"]}
+        rung.favoured = {int(job) for job in data.get("favoured", [])}  # absent before seeds were favoured
         return rung
 
 
@@ -144,11 +157,13 @@ class SuccessiveHalving(Strategy):
         return candidate
 
     def _promotion(self) -> tuple[int, int] | None:
-        """(rung index, job) of the next promotion, from the top rung down (finish the nearly done first)."""
-        for level in range(len(self.rungs) - 2, -1, -1):
-            job = self._levels[level].next_promotion(self.eta)
-            if job is not None:
-                return level, job
+        """(rung index, job) of the next promotion: favoured ones first, then by rank; from the top
+        rung down (finish the nearly done first)."""
+        for pick in (lambda rung: rung.next_favoured(), lambda rung: rung.next_promotion(self.eta)):
+            for level in range(len(self.rungs) - 2, -1, -1):
+                job = pick(self._levels[level])
+                if job is not None:
+                    return level, job
         return None
 
     def _issue(
@@ -170,7 +185,11 @@ class SuccessiveHalving(Strategy):
         level = self.rungs.index(candidate.fidelity)  # type: ignore[arg-type]
         if level + 1 < len(self.rungs):  # the top rung's results are never promoted: not kept
             promotable = not partial and math.isfinite(fitness)
-            self._levels[level].add(candidate.id, candidate.tree, candidate.hash, float(fitness), promotable)
+            favoured = candidate.origin.startswith("seed:") or (
+                candidate.origin == PROMOTION and candidate.parents[0] in self._levels[level - 1].favoured
+            )
+            rung = self._levels[level]
+            rung.add(candidate.id, candidate.tree, candidate.hash, float(fitness), promotable, favoured)
         base_id = self._base_of_job.pop(candidate.id, None)
         if base_id is not None:
             self.base.tell(base_id, fitness, partial=partial)

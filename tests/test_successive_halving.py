@@ -131,6 +131,18 @@ def test_partial_and_failed_results_are_never_promoted():
     assert all(math.isfinite(fitness(by_id[p].tree, by_id[p].fidelity)) for p in promoted)
 
 
+def test_seeds_are_promoted_to_the_top_whatever_their_rank():
+    """A seed is trained up to the top rung even when its lowest-rung result ranks low."""
+    seed = "(S (M (C linear(d=16))) (M (C leaky_relu)))"
+    space = SearchSpace(SPACE.grammar, SPACE.input, SPACE.limits, [("small", seed)])
+    s = SuccessiveHalving(get_strategy("regularised_evolution", space, 0, RE), (1, 3, 9), 3)
+    asked = drive(s)
+    lowest = sorted({c.tree for c in asked if c.fidelity == 1}, key=lambda t: -fitness(t, 1))
+    assert lowest.index(seed) >= len(lowest) // 3  # its rank alone would not promote it
+    assert {c.fidelity for c in asked if c.tree == seed} == {1, 3, 9}
+    assert sum(c.tree == seed and c.fidelity == 9 for c in asked) == 1
+
+
 @pytest.mark.parametrize("stop_after", [1, 7, 19, 33])
 def test_checkpoint_resumes_exactly(stop_after):
     """A scheduler restored from the JSON checkpoint at any point asks what the original would."""
