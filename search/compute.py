@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from einspace.evaluators.base import Cost
 from einspace.search.store import Record
+from einspace.search.successive_halving import PROMOTION
 
 __all__ = ["ComputeSummary", "best_so_far", "compute_of", "incumbent", "rank", "summarise", "wasted"]
 
@@ -82,6 +83,8 @@ class ComputeSummary:
     by_fidelity: dict[int | None, tuple[int, float]]  # fidelity -> (evaluations, compute seconds)
     partial: int  # ok results scored before reaching their fidelity
     incumbent_at: float | None  # cumulative compute when the current incumbent finished
+    promoted: int = 0  # evaluations of a promoted tree (successive halving)
+    continued: int = 0  # of them, those that trained on from their lower rung's saved state
 
     @property
     def wasted_share(self) -> float:
@@ -100,4 +103,6 @@ def summarise(history: list[Record]) -> ComputeSummary:
             n, seconds = by_fidelity.get(r.fidelity, (0, 0.0))
             by_fidelity[r.fidelity] = (n + 1, seconds + compute_of(r))
     partial = sum(r.partial and r.status == "ok" for r in history)
-    return ComputeSummary(total, wasted(history), by_fidelity, partial, at)
+    promoted = [r for r in history if r.origin == PROMOTION and r.status != "cached"]
+    continued = sum(r.metrics.get("continued_from_epoch", 0) > 0 for r in promoted if r.metrics)
+    return ComputeSummary(total, wasted(history), by_fidelity, partial, at, len(promoted), continued)

@@ -10,8 +10,10 @@ from search_helpers import experiment
 
 from einspace.evaluators.base import Continuation, Task, get_evaluator, run_task
 from einspace.evaluators.continuation import TrainedState, read_state
+from einspace.search.compute import summarise
 from einspace.search.config import ConfigError
 from einspace.search.loop import SearchRun
+from einspace.search.report import compute_rows
 from einspace.search.trained_states import STATES_FOLDER
 
 TREE = "(S (M (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=16))) (R2 col2im)) (M (C leaky_relu)))"
@@ -44,8 +46,12 @@ def test_training_in_pieces_equals_training_at_once(tmp_path):
     three = evaluate(3, Continuation(6, save=str(tmp_path / "3.pt"), load=str(tmp_path / "1.pt")))
     six = evaluate(6, Continuation(6, load=str(tmp_path / "3.pt")))
     assert six["valid_loss"] == whole["valid_loss"] and six["valid_accuracy"] == whole["valid_accuracy"]
-    assert [one["cost_epochs"], three["cost_epochs"], six["cost_epochs"]] == [1, 2, 3]
-    assert [one["continued_from_epoch"], three["continued_from_epoch"], six["continued_from_epoch"]] == [0, 1, 3]
+    assert [m["cost_epochs"] for m in (one, three, six)] == [1, 2, 3]
+    assert [one["continued_from_epoch"], three["continued_from_epoch"], six["continued_from_epoch"]] == [
+        0,
+        1,
+        3,
+    ]
     assert one["state_saved"] == three["state_saved"] == 1.0 and "state_saved" not in six
     # the horizon is the schedule: one epoch of a 6-epoch schedule is not one epoch of its own
     assert one["valid_loss"] != evaluate(1)["valid_loss"]
@@ -108,7 +114,9 @@ def test_promotion_resolves_to_continue_where_the_evaluator_can(tmp_path):
     digits = {"input": {"shape": [1, 8, 8]}}
     assert experiment(tmp_path, evaluator=training, multi_fidelity=sh, **digits).multi_fidelity.continues
     retrain = {**sh, "promotion": "retrain"}
-    assert not experiment(tmp_path, evaluator=training, multi_fidelity=retrain, **digits).multi_fidelity.continues
+    assert not experiment(
+        tmp_path, evaluator=training, multi_fidelity=retrain, **digits
+    ).multi_fidelity.continues
     fidelity_only = {"name": "test_fidelity", "settings": {"epochs": 9}}
     resolved = experiment(tmp_path, evaluator=fidelity_only, multi_fidelity=sh).multi_fidelity
     assert resolved.promotion == "retrain" and not resolved.continues
@@ -139,6 +147,10 @@ def test_a_search_continues_its_promotions_and_keeps_only_live_states(tmp_path):
         lower = by_id[r.parents[0]]
         assert r.metrics["continued_from_epoch"] == lower.fidelity
         assert r.cost["epochs"] == r.fidelity - lower.fidelity
+    summary = summarise(history)
+    assert summary.continued == len(promoted) == summary.promoted  # none was pruned before its promotion
+    _, rows = compute_rows(history)
+    assert ("promotions continued from a saved state", f"{len(promoted)} of {len(promoted)}") in rows
     kept = {int(p.stem) for p in (tmp_path / STATES_FOLDER).glob("*.pt")}
     assert kept == live & {r.id for r in history if r.status == "ok" and r.fidelity < 4}
     assert all(by_id[i].fidelity < 4 for i in kept)  # the top rung saves nothing
