@@ -12,6 +12,7 @@ from typing import Any
 
 from einspace.errors import EinspaceError
 from einspace.search.strategy import Candidate, SearchSpace, Strategy, _positive_int, register_strategy
+from einspace.search.surrogate import Surrogate, tree_features
 from einspace.tree import Node
 
 #: How often a failed mutation (e.g. a minimal tree with nothing to change) is retried with a new
@@ -30,6 +31,10 @@ class RegularisedEvolution(Strategy):
     Algorithm 1) -- or, with probability `crossover`, the crossover of two tournament winners.
     Every told child joins the population and, once it holds more than P, the oldest dies (FIFO),
     whatever its fitness. Failed evaluations join with fitness -inf and age out like the rest.
+
+    With `screen` k > 1, each child is the best of k such proposals as ranked by a `Surrogate`
+    fitted to every result told so far (`surrogate`: random_forest or gradient_boosting), once
+    `surrogate_min_results` are in; before that, plain RE.
     """
 
     name = "regularised_evolution"
@@ -42,8 +47,16 @@ class RegularisedEvolution(Strategy):
         population: int = 100,
         tournament: int = 10,
         crossover: float = 0.0,
+        screen: int = 1,
+        surrogate: str = "random_forest",
+        surrogate_min_results: int = 20,
     ):
         super().__init__(space, random_seed, evaluations)
+        self.screen = _positive_int("screen", screen)
+        min_results = _positive_int("surrogate_min_results", surrogate_min_results, minimum=2)
+        self.surrogate = Surrogate(surrogate, random_seed, min_results) if self.screen > 1 else None
+        self._features: dict[int, dict[str, float]] = {}  # id -> features, of candidates not told yet
+        self._predicted: dict[int, float] = {}  # id -> predicted fitness, of screened candidates
         self.population_size = _positive_int("population", population)
         self.tournament_size = _positive_int("tournament", tournament)
         if isinstance(crossover, bool) or not isinstance(crossover, int | float) or not 0 <= crossover <= 1:
@@ -62,6 +75,17 @@ class RegularisedEvolution(Strategy):
             return self.sampler.sample(), "sampled", ()
         if not self.population:
             return None  # every initial candidate is still in flight: wait for one to come back
+        if self.surrogate is None or not self.surrogate.ready:
+            return self._vary()
+        proposals = [self._vary() for _ in range(self.screen)]
+        features = [self._features_of(tree) for tree, _, _ in proposals]
+        predicted = self.surrogate.predict(features)
+        best = max(range(len(proposals)), key=lambda i: (predicted[i], -i))
+        self._features[self.next_id], self._predicted[self.next_id] = features[best], predicted[best]
+        return proposals[best]
+
+    def _vary(self) -> tuple[Node, str, tuple[int, ...]]:
+        """A child of tournament winners: a crossover (with probability `crossover`) or a mutation."""
         if self.crossover and len(self.population) > 1 and self.rng.random() < self.crossover:
             a, b = self._tournament(), self._tournament()
             try:
@@ -87,16 +111,39 @@ class RegularisedEvolution(Strategy):
         assert best is not None
         return best
 
+    def _features_of(self, tree: Node) -> dict[str, float]:
+        return tree_features(tree, self.space.grammar, self.space.input)
+
     def _observe(self, candidate: Candidate, fitness: float) -> None:
+        if self.surrogate is not None:
+            features = self._features.pop(candidate.id, None)
+            if features is None:
+                features = self._features_of(self.tree_of(candidate.id, candidate.tree))
+            self.surrogate.add(features, fitness)
+            if candidate.id in self._predicted:
+                self.surrogate.pairs.append((self._predicted.pop(candidate.id), fitness))
         self.population.append((candidate.id, candidate.tree, fitness))
         if len(self.population) > self.population_size:
             self.forget(self.population.pop(0)[0])
 
     def _extra_state(self) -> dict[str, Any]:
         # -inf is not JSON: failed individuals are stored with fitness null.
-        return {"population": [[i, t, None if f == float("-inf") else f] for i, t, f in self.population]}
+        state: dict[str, Any] = {
+            "population": [[i, t, None if f == float("-inf") else f] for i, t, f in self.population]
+        }
+        if self.surrogate is not None:
+            predicted = sorted(self._predicted.items())
+            state["surrogate"] = {**self.surrogate.state_dict(), "predicted": predicted}
+        return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self.population = [
             (int(i), t, float("-inf") if f is None else float(f)) for i, t, f in state["population"]
         ]
+        self._features = {}  # features are recomputed from the trees when needed
+        if self.surrogate is not None:
+            saved = state.get("surrogate")
+            if saved is None:
+                raise EinspaceError("checkpoint has no surrogate: was the strategy setting 'screen' changed?")
+            self.surrogate.load_state_dict(saved)
+            self._predicted = {int(i): float(p) for i, p in saved["predicted"]}

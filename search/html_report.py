@@ -233,13 +233,13 @@ def _settings_rows(experiment: Experiment | None) -> list[tuple[str, Any]]:
     ]
 
 
-def _compute_section(history: list[Record], name: str) -> list[str]:
+def _compute_section(history: list[Record], name: str, checkpoint: dict[str, Any] | None) -> list[str]:
     """The best so far against the compute spent, and a table of where the compute went."""
     from einspace.search.report import compute_rows, plot_compute
 
     if not history:
         return []
-    overall, fidelities = compute_rows(history)
+    overall, fidelities = compute_rows(history, checkpoint)
     return [
         "<h2>Best so far against compute</h2>",
         "<p>The best fitness found against the compute spent to find it (GPU seconds where a GPU "
@@ -259,7 +259,7 @@ def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: 
     run_dir = Path(run_dir)
     path = Path(path) if path is not None else run_dir / "report.html"
     with SearchRun.open(run_dir) as run:  # what it read stays readable once closed
-        history = run.store.history()
+        history, checkpoint = run.store.history(), run.store.load_checkpoint()
     name = run.experiment.name if run.experiment else run_dir.name
     window = _window(run.experiment)
     evaluated = _evaluated(history, run)
@@ -284,7 +284,7 @@ def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: 
         _img(_report_png(plot_fitness, history, name), "fitness over evaluations")
         if history
         else "<p>no evaluations</p>",
-        *_compute_section(history, name),
+        *_compute_section(history, name, checkpoint),
         "<h2>Failures by reason</h2>",
     ]
     reasons = Counter((r.error or "?").splitlines()[0][:200] for r in history if r.status == "failed")

@@ -7,7 +7,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Cost
@@ -67,9 +67,12 @@ def _measures(history: list[Record]) -> str:
     return "+".join(kind for kind in ("GPU", "CPU", "wall") if kind in kinds)
 
 
-def compute_rows(history: list[Record]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def compute_rows(
+    history: list[Record], checkpoint: dict[str, Any] | None = None
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """What the whole run spent as (what, how much): in all, on failures, partial results kept and
-    when the incumbent was found; then, for a multi-fidelity run, each fidelity's evaluations."""
+    when the incumbent was found; then, for a multi-fidelity run, each fidelity's evaluations, and
+    for a surrogate-screened one (its strategy `checkpoint`), how well the surrogate ranked."""
     s = compute.summarise(history)
     evaluations = sum(n for n, _ in s.by_fidelity.values())
     rows = [
@@ -80,8 +83,9 @@ def compute_rows(history: list[Record]) -> tuple[list[tuple[str, str]], list[tup
         rows.append(("partial results kept (time budget)", str(s.partial)))
     if s.incumbent_at is not None:
         rows.append(("best found after", f"{s.incumbent_at:.1f} s"))
+    details = _surrogate_rows(checkpoint)
     if set(s.by_fidelity) <= {None}:
-        return rows, []
+        return rows, details
     fidelities = []
     for fidelity in sorted(s.by_fidelity, key=lambda f: math.inf if f is None else f):
         n, seconds = s.by_fidelity[fidelity]
@@ -89,7 +93,23 @@ def compute_rows(history: list[Record]) -> tuple[list[tuple[str, str]], list[tup
         fidelities.append((f"fidelity {label}", f"{n} evaluated, {seconds:.1f} s"))
     if s.promoted:
         fidelities.append(("promotions continued from a saved state", f"{s.continued} of {s.promoted}"))
-    return rows, fidelities
+    return rows, fidelities + details
+
+
+def _surrogate_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The surrogate's rank correlation on the results it screened before they were trained
+    (the strategy's state holds the pairs; a wrapped strategy's is under `base`)."""
+    from einspace.search.surrogate import rank_correlation
+
+    state = checkpoint or {}
+    while "base" in state and "surrogate" not in state:
+        state = state["base"]
+    if "surrogate" not in state:
+        return []
+    pairs = [(p, -math.inf if m is None else m) for p, m in state["surrogate"]["pairs"]]
+    rho = rank_correlation(pairs)
+    value = "not yet (fewer than 3 screened results)" if math.isnan(rho) else f"{rho:.2f}"
+    return [("surrogate rank correlation (Spearman, screened results)", f"{value} over {len(pairs)}")]
 
 
 def _stats(tree: str, run: SearchRun) -> str:
@@ -337,7 +357,7 @@ def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
         + ("  [complete]" if strategy and strategy.done else ""),
     ]
     if history:
-        overall, fidelities = compute_rows(history)
+        overall, fidelities = compute_rows(history, run.store.load_checkpoint())
         lines.append("compute: " + "; ".join(f"{what} {much}" for what, much in overall))
         lines += [f"  {what}: {much}" for what, much in fidelities]
     fitnesses = [r.fitness for r in history if r.status != "failed" and r.fitness is not None]

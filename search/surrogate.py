@@ -1,0 +1,177 @@
+"""A model of fitness learned online from a run's own results, to screen proposals before any is
+trained (surrogate-screened regularised evolution: `regularised_evolution`'s `screen` setting).
+
+Each tree becomes a few dozen numbers read off the derivation without building a network: how
+often each operation occurs (with and without its arguments; a repeated branch counts once per
+copy), which operation follows which in the order the network applies them, depth, size, and the
+analytic parameter and FLOP counts of the checked tree. A regressor from scikit-learn (random
+forest or gradient boosting, the optional extra `einspace[surrogate]`) is fitted to the
+(features, fitness) of every result told so far; a failed evaluation counts as the worst fitness
+seen. It is refitted whenever the results have grown by a fifth since the last fit, always on the
+results in the order they were told and with the run's seed, so a resumed run refits the very
+same model and screens exactly as the interrupted one would have.
+
+How well it ranks is measured on results it had not seen: each screened candidate's prediction is
+kept and, when its result comes back, paired with it; `rank_correlation` (Spearman) of the pairs
+is what `einspace report` prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from einspace.errors import EinspaceError
+from einspace.tree import Node, format_terminal, walk_depths
+
+if TYPE_CHECKING:
+    from einspace.grammar.model import Grammar
+    from einspace.state import FeatureState
+
+__all__ = ["SURROGATES", "Surrogate", "rank_correlation", "tree_features"]
+
+#: The regressors a surrogate may use: scikit-learn class, and its settings.
+SURROGATES: dict[str, tuple[str, dict[str, Any]]] = {
+    "random_forest": ("RandomForestRegressor", {"n_estimators": 50, "min_samples_leaf": 2}),
+    "gradient_boosting": (
+        "GradientBoostingRegressor",
+        {"n_estimators": 100, "max_depth": 3, "subsample": 0.8},
+    ),
+}
+
+#: Refit once the results number this factor times those of the last fit (plus one).
+REFIT_GROWTH = 1.2
+
+
+def tree_features(tree: Node, grammar: Grammar, input: FeatureState) -> dict[str, float]:
+    """What the surrogate sees of a tree: counts of operations (`op:` name, `call:` name with its
+    arguments), of consecutive operations in application order (`next:` a>b), depth, nodes, and
+    log parameters and FLOPs (of the checked tree; a tree that does not check has neither)."""
+    from einspace.checker import check_tree
+
+    counts: Counter[str] = Counter()
+    ops: list[str] = []
+    depths = [depth for _, _, depth in walk_depths(tree)]
+    stack: list[tuple[Node, int]] = [(tree, 1)]
+    while stack:  # pre-order with multiplicity: a Repeat's branch counts once per copy
+        node, times = stack.pop()
+        if node.kind == "terminal":
+            counts[f"op:{node.op}"] += times
+            counts[f"call:{format_terminal(node)}"] += times
+            ops.append(node.op)
+        elif node.kind == "repeat":
+            stack.append((node.child, times * node.times))
+        else:
+            stack.extend((child, times) for child in reversed(node.children))
+    for a, b in zip(ops, ops[1:], strict=False):
+        counts[f"next:{a}>{b}"] += 1
+    features = {key: float(n) for key, n in counts.items()}
+    features.update(depth=float(max(depths)), nodes=float(len(depths)), terminals=float(len(ops)))
+    try:
+        checked = check_tree(tree, grammar, input)
+    except EinspaceError:
+        return features
+    features.update(log_params=math.log1p(checked.params), log_flops=math.log1p(checked.flops))
+    return features
+
+
+def rank_correlation(pairs: list[tuple[float, float]]) -> float:
+    """Spearman's rank correlation of (predicted, measured) pairs, ties ranked by their mean rank
+    (nan below 3 pairs or when either side is constant)."""
+    if len(pairs) < 3:
+        return math.nan
+    a, b = _ranks([p for p, _ in pairs]), _ranks([m for _, m in pairs])
+    mean = (len(pairs) - 1) / 2
+    cov = sum((x - mean) * (y - mean) for x, y in zip(a, b, strict=True))
+    var_a, var_b = (sum((x - mean) ** 2 for x in r) for r in (a, b))
+    return cov / math.sqrt(var_a * var_b) if var_a and var_b else math.nan
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for i in order[start : end + 1]:
+            ranks[i] = (start + end) / 2
+        start = end + 1
+    return ranks
+
+
+class Surrogate:
+    """The online model of one run: its training data (features, fitness) in the order told, the
+    fitted regressor (refitted as the data grows) and the (predicted, measured) pairs of the
+    candidates it screened."""
+
+    def __init__(self, kind: str = "random_forest", random_seed: int = 0, min_results: int = 20):
+        if kind not in SURROGATES:
+            known = ", ".join(SURROGATES)
+            raise EinspaceError(f"strategy setting 'surrogate' must be one of {known}, got {kind!r}")
+        self.kind, self.random_seed, self.min_results = kind, random_seed, min_results
+        self.features: list[dict[str, float]] = []
+        self.fitness: list[float] = []
+        self.pairs: list[tuple[float, float]] = []
+        self._model: Any = None
+        self._columns: list[str] = []
+        self.fitted_on = 0  # how many results the current model was fitted to
+        _regressor_class(kind)  # a missing scikit-learn is an error when the search is set up
+
+    @property
+    def ready(self) -> bool:
+        """Whether there are enough results, some of them scored, to screen with."""
+        return len(self.fitness) >= self.min_results and any(math.isfinite(f) for f in self.fitness)
+
+    def add(self, features: dict[str, float], fitness: float) -> None:
+        self.features.append(features)
+        self.fitness.append(fitness)
+
+    def predict(self, candidates: list[dict[str, float]]) -> list[float]:
+        """Predicted fitness of each candidate (refitting first if the data grew by a fifth)."""
+        if self._model is None or len(self.fitness) >= self.fitted_on * REFIT_GROWTH + 1:
+            self._fit(len(self.fitness))
+        return [float(v) for v in self._model.predict(self._matrix(candidates))]
+
+    def _fit(self, n: int) -> None:
+        finite = [f for f in self.fitness[:n] if math.isfinite(f)]
+        worst = min(finite)
+        target = [f if math.isfinite(f) else worst for f in self.fitness[:n]]
+        self._columns = sorted({key for row in self.features[:n] for key in row})
+        _, settings = SURROGATES[self.kind]
+        self._model = _regressor_class(self.kind)(**settings, random_state=self.random_seed)
+        self._model.fit(self._matrix(self.features[:n]), target)
+        self.fitted_on = n
+
+    def _matrix(self, rows: list[dict[str, float]]) -> list[list[float]]:
+        return [[row.get(key, 0.0) for key in self._columns] for row in rows]
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able; the model itself is not stored but refitted on load."""
+        return {
+            "features": self.features,
+            "fitness": [None if f == -math.inf else f for f in self.fitness],
+            "pairs": [[p, None if m == -math.inf else m] for p, m in self.pairs],
+            "fitted_on": self.fitted_on,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.features = [dict(row) for row in state["features"]]
+        self.fitness = [-math.inf if f is None else float(f) for f in state["fitness"]]
+        self.pairs = [(float(p), -math.inf if m is None else float(m)) for p, m in state["pairs"]]
+        self._model = None
+        if state["fitted_on"]:
+            self._fit(int(state["fitted_on"]))
+
+
+def _regressor_class(kind: str) -> Any:
+    try:
+        import sklearn.ensemble
+    except ImportError:
+        raise EinspaceError(
+            "surrogate screening (strategy setting 'screen' above 1) needs scikit-learn: "
+            "pip install 'einspace[surrogate]'"
+        ) from None
+    return getattr(sklearn.ensemble, SURROGATES[kind][0])

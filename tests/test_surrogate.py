@@ -1,0 +1,140 @@
+"""Surrogate-screened regularised evolution: the tree features, the rank correlation (against
+scipy), what screening changes (nothing before enough results; better children after), exact
+resume, the missing extra, and the report line."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+
+import pytest
+import scipy.stats
+from search_helpers import experiment
+
+from einspace import Limits, input_state, load_grammar
+from einspace.errors import EinspaceError
+from einspace.search.loop import SearchRun
+from einspace.search.report import report
+from einspace.search.strategy import SearchSpace, get_strategy
+from einspace.search.surrogate import Surrogate, rank_correlation, tree_features
+from einspace.tree import parse_tree
+
+GRAMMAR = load_grammar("einspace")
+INPUT = input_state((3, 16, 16))
+SPACE = SearchSpace(GRAMMAR, INPUT, Limits(max_depth=12, max_nodes=80))
+
+
+def fitness(tree: str) -> float:
+    """A learnable stand-in for training: normalisation and activations help, size beyond a point
+    hurts; some trees fail."""
+    if len(tree) % 13 == 0:
+        return -math.inf
+    return tree.count("norm") + 0.5 * tree.count("leaky_relu") - len(tree) / 400
+
+
+def run(screen: int, seed: int = 0, evaluations: int = 120, stop_after: int | None = None, state=None):
+    settings = {"evaluations": evaluations, "population": 12, "tournament": 3, "screen": screen}
+    s = get_strategy("regularised_evolution", SPACE, seed, {**settings, "surrogate_min_results": 15})
+    if state is not None:
+        s.load_state_dict(json.loads(json.dumps(state)))
+    asked = []
+    while not s.done and (stop_after is None or len(asked) < stop_after):
+        c = s.ask()
+        asked.append(c)
+        s.tell(c.id, fitness(c.tree))
+    return s, asked
+
+
+def test_features_count_operations_with_their_copies_and_their_order():
+    branch = "(M (M (C norm)) (M (C leaky_relu)))"
+    tree = parse_tree(f"(S (B clone(b=4)) (Branches {branch}*4) (A concat(dim=1, b=4)))")
+    f = tree_features(tree, GRAMMAR, INPUT)
+    assert f["op:norm"] == f["op:leaky_relu"] == 4 and f["op:clone"] == f["op:concat"] == 1
+    assert f["call:clone(b=4)"] == 1 and f["call:concat(dim=1, b=4)"] == 1
+    # the order in which operations are applied: the repeated branch once
+    order = ("clone>norm", "norm>leaky_relu", "leaky_relu>concat")
+    assert {k.removeprefix("next:") for k in f if k.startswith("next:")} == set(order)
+    assert f["terminals"] == 4 and f["log_params"] > 0 and f["log_flops"] > 0
+    bad = tree_features(parse_tree("(S (M (C linear(d=8))) (M (C nope)))"), GRAMMAR, INPUT)
+    assert "log_params" not in bad and bad["op:nope"] == 1  # a tree that does not check: no counts
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rank_correlation_is_spearmans(seed):
+    rng = random.Random(seed)
+    pairs = [(rng.choice([0.1, 0.2, 0.3, rng.random()]), rng.random()) for _ in range(30)]
+    assert rank_correlation(pairs) == pytest.approx(
+        scipy.stats.spearmanr(*zip(*pairs, strict=True)).statistic
+    )
+    assert math.isnan(rank_correlation(pairs[:2])) and math.isnan(rank_correlation([(1, 2), (1, 3), (1, 4)]))
+
+
+def test_screening_starts_only_once_enough_results_are_in():
+    _, plain = run(screen=1, evaluations=40)
+    _, screened = run(screen=6, evaluations=40)
+    # the i-th ask follows i results: plain RE until the 15th result is in
+    assert [a.tree for a in screened[:15]] == [a.tree for a in plain[:15]]
+    assert [a.tree for a in screened] != [a.tree for a in plain]
+
+
+def test_screened_children_are_fitter_and_the_surrogate_ranks_them():
+    plain = [fitness(c.tree) for seed in range(3) for c in run(1, seed, 80)[1][30:]]
+    screened_runs = [run(6, seed, 80) for seed in range(3)]
+    screened = [fitness(c.tree) for _, asked in screened_runs for c in asked[30:]]
+    finite = lambda xs: [x for x in xs if math.isfinite(x)]  # noqa: E731
+    assert sum(finite(screened)) / len(finite(screened)) > sum(finite(plain)) / len(finite(plain)) + 0.5
+    for s, _ in screened_runs:
+        assert len(s.surrogate.pairs) == 80 - 15  # every child asked once the model was ready
+        assert rank_correlation(s.surrogate.pairs) >= 0.5
+
+
+@pytest.mark.parametrize("stop_after", [10, 33])
+def test_a_screened_run_resumes_exactly(stop_after):
+    _, whole = run(4, evaluations=45)
+    first, head = run(4, evaluations=45, stop_after=stop_after)
+    _, tail = run(4, evaluations=45, state=first.state_dict())
+    assert [c.tree for c in head + tail] == [c.tree for c in whole]
+
+
+def test_bad_settings_and_a_missing_extra_are_named(monkeypatch):
+    with pytest.raises(EinspaceError, match="'surrogate' must be one of random_forest, gradient_boosting"):
+        get_strategy("regularised_evolution", SPACE, 0, {"screen": 4, "surrogate": "svm"})
+    with pytest.raises(EinspaceError, match="'screen' must be an integer >= 1"):
+        get_strategy("regularised_evolution", SPACE, 0, {"screen": 0})
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.delitem(sys.modules, "sklearn.ensemble", raising=False)
+    with pytest.raises(EinspaceError, match=r"needs scikit-learn: pip install 'einspace\[surrogate\]'"):
+        Surrogate()
+    get_strategy("regularised_evolution", SPACE, 0, {"screen": 1})  # plain RE never needs it
+
+
+def test_gradient_boosting_screens_too():
+    s = get_strategy("regularised_evolution", SPACE, 0, {"evaluations": 40, "population": 8, "screen": 4})
+    s.surrogate = Surrogate("gradient_boosting", 0, 10)
+    while not s.done:
+        c = s.ask()
+        s.tell(c.id, fitness(c.tree))
+    assert len(s.surrogate.pairs) == 40 - 10
+
+
+def test_the_report_prints_the_rank_correlation(tmp_path):
+    strategy = {
+        "name": "regularised_evolution",
+        "settings": {
+            "evaluations": 30,
+            "population": 8,
+            "tournament": 3,
+            "screen": 4,
+            "surrogate_min_results": 10,
+        },
+    }
+    e = experiment(tmp_path, strategy=strategy)
+    with SearchRun.start(e) as r:
+        assert r.run(e.make_executor()).finished
+        pairs = r.strategy.surrogate.pairs
+    text = report(tmp_path, plot=False)
+    rho = rank_correlation(pairs)
+    expected = f"surrogate rank correlation (Spearman, screened results): {rho:.2f} over {len(pairs)}"
+    assert len(pairs) == 30 - 10 and expected in text
