@@ -11,7 +11,11 @@ have spent it. Methods, each from scratch and seeded:
           the seed, the paper's RE(RN18)).
 - RE+SH:  RE inside asynchronous successive halving (`multi_fidelity`, eta 3, rungs of 1, 3 and
           8 epochs): every new architecture trains for one epoch first, the best third of each
-          rung is promoted to the next.
+          rung is trained on (from its saved state) to the next; seeds go to the top whatever
+          their rank.
+- RE+S, RE+SH+S (from scratch only): the same with surrogate screening (`screen` 8: each child
+          is the best of 8 proposals as ranked by a random forest fitted to the run's results,
+          once 20 are in).
 
 Tasks, none downloaded (generated ones are written as .npz under OUT/data):
 
@@ -107,6 +111,7 @@ EPOCHS = 8  # the top fidelity of every task
 HALVING = {"scheduler": "successive_halving", "eta": 3, "min_fidelity": 1}
 STRATEGY_BUDGET = 10**6  # the strategies' own count of evaluations: out of reach, compute stops them
 TARGET_SPEEDUP, TARGET_WASTE = 3, 0.10
+SCREEN = 8  # surrogate-screened methods: proposals per trained child
 
 
 @register_strategy
@@ -202,12 +207,15 @@ class Method:
     strategy: str
     halving: bool = False
     seeded: bool = False
+    screen: int = 1  # proposals per trained child, ranked by the surrogate (1: none)
 
 
 METHODS = {
     "RS": Method("random_search"),
     "RE": Method("regularised_evolution"),
     "RE+SH": Method("regularised_evolution", halving=True),
+    "RE+S": Method("regularised_evolution", screen=SCREEN),
+    "RE+SH+S": Method("regularised_evolution", halving=True, screen=SCREEN),
     "RS-seeded": Method("seeded_random_search", seeded=True),
     "RE-seeded": Method("regularised_evolution", seeded=True),
     "RE+SH-seeded": Method("regularised_evolution", halving=True, seeded=True),
@@ -252,6 +260,8 @@ def experiment(job: Job, run_dir: Path) -> dict[str, Any]:
     strategy = {"evaluations": STRATEGY_BUDGET}
     if method.strategy == "regularised_evolution":
         strategy = {**raw["strategy"]["settings"], **strategy}
+    if method.screen > 1:
+        strategy = {**strategy, "screen": method.screen}
     executor = (
         {"kind": "in_process"}
         if job.executor == "in_process"
@@ -564,7 +574,7 @@ def report_task(task: Task, summary: str, rows: list[dict[str, Any]], budget: fl
 def targets(task: Task, rows: list[dict[str, Any]], searches: list[str]) -> list[str]:
     """Whether each target holds, with the numbers that decide it."""
     lines = []
-    for sh in ("RE+SH", "RE+SH-seeded"):
+    for sh in (m for m in searches if METHODS[m].halving):
         ref = _reference(sh)
         if sh not in searches or ref not in searches:
             continue
