@@ -39,6 +39,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="evaluate until the run has N in all (extends a finished search; overrides the file)",
     )
+    search.add_argument(
+        "--warm-start",
+        nargs="+",
+        default=None,
+        metavar="RUN",
+        help="start the surrogate from these runs' results (overrides the file's warm_start)",
+    )
     search.add_argument("--quiet", action="store_true", help="no progress output")
     search.set_defaults(run=cmd_search)
 
@@ -181,8 +188,13 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _with_options(experiment: Experiment, args: argparse.Namespace) -> Experiment:
-    """The experiment with the command line's --run-dir, --evaluations and --plugin applied."""
+    """The experiment with the command line's --run-dir, --evaluations, --plugin and --warm-start
+    applied."""
     from dataclasses import replace
+
+    from einspace.errors import EinspaceError
+    from einspace.search.config import ConfigError
+    from einspace.search.warm_start import check_warm_start
 
     if args.run_dir:
         experiment = replace(experiment, run_dir=args.run_dir)
@@ -192,6 +204,12 @@ def _with_options(experiment: Experiment, args: argparse.Namespace) -> Experimen
         given = [str(Path(p).resolve()) if p.endswith(".py") else p for p in args.plugin]
         plugins = (*experiment.plugins, *(p for p in given if p not in experiment.plugins))
         experiment = replace(experiment, plugins=plugins)
+    if args.warm_start is not None:
+        experiment = replace(experiment, warm_start=tuple(str(Path(r).resolve()) for r in args.warm_start))
+        try:
+            check_warm_start(experiment, experiment.make_strategy())
+        except EinspaceError as exc:
+            raise ConfigError(f"--warm-start: {exc}") from None
     return experiment
 
 

@@ -53,6 +53,7 @@ _SPEC: dict[str, Any] = {
     "strategy": {"name": ((str,), "regularised_evolution"), "settings": ((dict,), {})},
     "seeds": ((list,), []),
     "plugins": ((list,), []),
+    "warm_start": ((list,), []),  # run directories whose results start the surrogate (search.warm_start)
     "multi_fidelity": {
         "scheduler": ((str,), "none"),  # none | successive_halving (einspace.search.successive_halving)
         "eta": ((int,), 3),  # the best 1/eta of each rung is promoted
@@ -246,6 +247,7 @@ class Experiment:
     strategy: StrategySection
     seeds: tuple[str, ...]
     plugins: tuple[str, ...]
+    warm_start: tuple[str, ...]
     multi_fidelity: MultiFidelitySection
     executor: ExecutorSection
     source: str = field(default="<experiment>", compare=False)
@@ -266,6 +268,7 @@ class Experiment:
             strategy=StrategySection(**data["strategy"]),
             seeds=tuple(data["seeds"]),
             plugins=tuple(data["plugins"]),
+            warm_start=tuple(data["warm_start"]),
             multi_fidelity=_multi_fidelity(data["multi_fidelity"]),
             executor=ExecutorSection(**data["executor"]),
             source=source,
@@ -424,6 +427,10 @@ def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> None:
                 got = f"{type(item).__name__} {item!r}"
                 raise ConfigError(f"{source}: {key}[{i}] must be a string, got {got}")
         data[key] = [_resolve(item, base) for item in data[key]]
+    for i, item in enumerate(data["warm_start"]):
+        if not isinstance(item, str):
+            raise ConfigError(f"{source}: warm_start[{i}] must be a run directory, got {item!r}")
+    data["warm_start"] = [str((base / item).resolve()) for item in data["warm_start"]]
 
 
 def _multi_fidelity(data: dict[str, Any]) -> MultiFidelitySection:
@@ -495,10 +502,12 @@ def _check_values(data: dict[str, Any], source: str) -> None:
 
 def _check_references(experiment: Experiment) -> Experiment:
     """Load what the experiment names: plugins, evaluator (and the multi-fidelity rungs it
-    allows), grammar (consistent), seeds, strategy. Returns the experiment with its rungs resolved."""
+    allows), grammar (consistent), seeds, strategy, warm-start runs. Returns the experiment with
+    its rungs resolved."""
     from einspace.evaluators.base import get_evaluator
     from einspace.grammar.analysis import require_consistent
     from einspace.search.executors import load_plugins
+    from einspace.search.warm_start import check_warm_start
 
     load_plugins(experiment.plugins)
     evaluator = get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
@@ -506,7 +515,7 @@ def _check_references(experiment: Experiment) -> Experiment:
     experiment = replace(experiment, multi_fidelity=multi_fidelity)
     space = experiment.space()
     require_consistent(space.grammar, space.input.mode, experiment.allow_inconsistent)
-    experiment.make_strategy(space)
+    check_warm_start(experiment, experiment.make_strategy(space))
     return experiment
 
 

@@ -26,6 +26,7 @@ from einspace.search.executors import Executor, Finished
 from einspace.search.store import Record, SQLiteStore, Store
 from einspace.search.strategy import Candidate, Strategy
 from einspace.search.trained_states import TrainedStates
+from einspace.search.warm_start import warm_start
 
 if TYPE_CHECKING:
     from einspace.checker import CheckedTree
@@ -156,6 +157,8 @@ class SearchRun:
         checkpoint = self.store.load_checkpoint()
         if checkpoint is not None:
             strategy.load_state_dict(checkpoint)
+        elif self._known().warm_start:
+            warm_start(strategy, self._known())
         return strategy
 
     @cached_property

@@ -6,10 +6,14 @@ often each operation occurs (with and without its arguments; a repeated branch c
 copy), which operation follows which in the order the network applies them, depth, size, and the
 analytic parameter and FLOP counts of the checked tree. A regressor from scikit-learn (random
 forest or gradient boosting, the optional extra `einspace[surrogate]`) is fitted to the
-(features, fitness) of every result told so far; a failed evaluation counts as the worst fitness
-seen. It is refitted whenever the results have grown by a fifth since the last fit, always on the
-results in the order they were told and with the run's seed, so a resumed run refits the very
-same model and screens exactly as the interrupted one would have.
+(features, fitness) of every result told so far, and of earlier runs' results where the search is
+warm-started from them (`einspace.search.warm_start`). An earlier run's fitness is mapped from the
+range of its own results onto the range of this run's, so runs on other tasks, whose accuracies
+differ, say the same thing about which trees are better; a failed evaluation counts as the worst
+result of its run. It is refitted
+whenever the results have grown by a fifth since the last fit, always on the results in the order
+they were told and with the run's seed, so a resumed run refits the very same model and screens
+exactly as the interrupted one would have.
 
 How well it ranks is measured on results it had not seen: each screened candidate's prediction is
 kept and, when its result comes back, paired with it; `rank_correlation` (Spearman) of the pairs
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
@@ -88,6 +93,11 @@ def rank_correlation(pairs: list[tuple[float, float]]) -> float:
     return cov / math.sqrt(var_a * var_b) if var_a and var_b else math.nan
 
 
+def _finite_range(values: Iterable[float]) -> tuple[float, float] | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return (min(finite), max(finite)) if finite else None
+
+
 def _ranks(values: list[float]) -> list[float]:
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
@@ -114,6 +124,7 @@ class Surrogate:
         self.kind, self.random_seed, self.min_results = kind, random_seed, min_results
         self.features: list[dict[str, float]] = []
         self.fitness: list[float] = []
+        self.sources: list[int] = []  # 0: this run; 1, 2, ...: the runs it was warm-started from
         self.pairs: list[tuple[float, float]] = []
         self._model: Any = None
         self._columns: list[str] = []
@@ -125,9 +136,10 @@ class Surrogate:
         """Whether there are enough results, some of them scored, to screen with."""
         return len(self.fitness) >= self.min_results and any(math.isfinite(f) for f in self.fitness)
 
-    def add(self, features: dict[str, float], fitness: float) -> None:
+    def add(self, features: dict[str, float], fitness: float, source: int = 0) -> None:
         self.features.append(features)
         self.fitness.append(fitness)
+        self.sources.append(source)
 
     def predict(self, candidates: list[dict[str, float]]) -> list[float]:
         """Predicted fitness of each candidate (refitting first if the data grew by a fifth)."""
@@ -136,9 +148,15 @@ class Surrogate:
         return [float(v) for v in self._model.predict(self._matrix(candidates))]
 
     def _fit(self, n: int) -> None:
-        finite = [f for f in self.fitness[:n] if math.isfinite(f)]
-        worst = min(finite)
-        target = [f if math.isfinite(f) else worst for f in self.fitness[:n]]
+        own = _finite_range(self.fitness[i] for i in range(n) if self.sources[i] == 0) or (0.0, 1.0)
+        target = list(self.fitness[:n])
+        for source in set(self.sources[:n]) - {0}:
+            rows = [i for i in range(n) if self.sources[i] == source]
+            low, high = _finite_range(self.fitness[i] for i in rows) or own
+            for i in rows:  # onto this run's range; failed: its worst
+                scaled = (self.fitness[i] - low) / (high - low) if high > low else 1.0
+                target[i] = own[0] + (own[1] - own[0]) * scaled if math.isfinite(scaled) else own[0]
+        target = [t if math.isfinite(t) else own[0] for t in target]  # this run's failures: its worst
         self._columns = sorted({key for row in self.features[:n] for key in row})
         _, settings = SURROGATES[self.kind]
         self._model = _regressor_class(self.kind)(**settings, random_state=self.random_seed)
@@ -153,6 +171,7 @@ class Surrogate:
         return {
             "features": self.features,
             "fitness": [None if f == -math.inf else f for f in self.fitness],
+            "sources": self.sources,
             "pairs": [[p, None if m == -math.inf else m] for p, m in self.pairs],
             "fitted_on": self.fitted_on,
         }
@@ -160,6 +179,7 @@ class Surrogate:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.features = [dict(row) for row in state["features"]]
         self.fitness = [-math.inf if f is None else float(f) for f in state["fitness"]]
+        self.sources = [int(x) for x in state["sources"]]
         self.pairs = [(float(p), -math.inf if m is None else float(m)) for p, m in state["pairs"]]
         self._model = None
         if state["fitted_on"]:

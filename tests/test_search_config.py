@@ -107,6 +107,7 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
         },
         "seeds": [],
         "plugins": [PLUGIN],
+        "warm_start": [],
         "multi_fidelity": {
             "scheduler": "none",
             "eta": 3,

@@ -11,9 +11,11 @@ import sys
 
 import pytest
 import scipy.stats
-from search_helpers import experiment
+import yaml
+from search_helpers import BASE, experiment, merge
 
 from einspace import Limits, input_state, load_grammar
+from einspace.cli import main
 from einspace.errors import EinspaceError
 from einspace.search.loop import SearchRun
 from einspace.search.report import report
@@ -138,3 +140,67 @@ def test_the_report_prints_the_rank_correlation(tmp_path):
     rho = rank_correlation(pairs)
     expected = f"surrogate rank correlation (Spearman, screened results): {rho:.2f} over {len(pairs)}"
     assert len(pairs) == 30 - 10 and expected in text
+
+
+SCREENED = {
+    "name": "regularised_evolution",
+    "settings": {
+        "evaluations": 24,
+        "population": 6,
+        "tournament": 3,
+        "screen": 4,
+        "surrogate_min_results": 10,
+    },
+}
+
+
+def finished_run(run_dir, **changes):
+    e = experiment(run_dir, strategy=SCREENED, **changes)
+    with SearchRun.start(e) as r:
+        assert r.run(e.make_executor()).finished
+        return r.store.history()
+
+
+def test_a_warm_started_search_screens_from_its_first_mutation_and_resumes_exactly(tmp_path):
+    earlier = finished_run(tmp_path / "a")
+    e = experiment(tmp_path / "b", strategy=SCREENED, warm_start=[str(tmp_path / "a")], random_seed=5)
+    with SearchRun.start(e) as r:
+        surrogate = r.strategy.surrogate
+        assert surrogate.sources.count(1) == sum(x.status != "cached" for x in earlier)
+        assert r.run(e.make_executor()).finished
+        history = r.store.history()
+        assert len(surrogate.pairs) == 24 - 6  # every mutation screened, none after 10 of its own
+    with SearchRun.open(tmp_path / "b") as r:  # the identity holds the warm start
+        assert json.loads(r.store.get_meta("experiment"))["warm_start"] == [str(tmp_path / "a")]
+    with pytest.raises(EinspaceError, match="warm_start"):
+        SearchRun.start(experiment(tmp_path / "b", strategy=SCREENED, random_seed=5))
+    resumed = experiment(tmp_path / "c", strategy=SCREENED, warm_start=[str(tmp_path / "a")], random_seed=5)
+    with SearchRun.start(resumed) as r:
+        r.run(resumed.make_executor(), max_results=9)
+    with SearchRun.start(resumed) as r:
+        assert r.run(resumed.make_executor()).finished
+        assert [x.tree for x in r.store.history()] == [x.tree for x in history]
+
+
+def test_bad_warm_starts_are_refused_naming_the_run(tmp_path, capsys):
+    finished_run(tmp_path / "plus", grammar="einspace_plus")
+    (tmp_path / "plain").mkdir()
+    SearchRun.start(experiment(tmp_path / "empty", strategy=SCREENED)).close()
+    finished_run(tmp_path / "ok")
+    cases = [
+        (tmp_path / "missing", "no such run directory"),
+        (tmp_path / "plain", "is not a search run directory"),
+        (tmp_path / "empty", "has no scored evaluation"),
+        (tmp_path / "plus", "searched grammar 'einspace_plus', not 'einspace'"),
+    ]
+    for run_dir, message in cases:
+        with pytest.raises(EinspaceError, match=rf"warm_start\[0\] {run_dir}: {message}"):
+            experiment(tmp_path / "new", strategy=SCREENED, warm_start=[str(run_dir)])
+    with pytest.raises(EinspaceError, match="warm_start needs a surrogate"):
+        experiment(tmp_path / "new", warm_start=[str(tmp_path / "ok")])
+    raw = merge(BASE, {"run_dir": str(tmp_path / "new"), "strategy": SCREENED})
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["search", str(tmp_path / "exp.yaml"), "--warm-start", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "--warm-start: warm_start[0]" in err and "no such run directory" in err and "Traceback" not in err
+    assert not (tmp_path / "new").exists()
