@@ -14,8 +14,8 @@ from einspace.errors import EinspaceError, SeedFitError
 from einspace.grammar.model import Grammar
 from einspace.ops.registry import get_op, list_ops
 from einspace.plugins import load_plugins
-from einspace.sampler import Limits
 from einspace.sampling import SAMPLING_MODES, make_sampler
+from einspace.sampling.base import Limits
 from einspace.state import describe, parse_input
 from einspace.tree import (
     Nonterminal,
@@ -183,7 +183,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     tree = load_tree(args.tree) if Path(args.tree).is_file() else load_seed(args.tree, grammar, state)
     checked = check_tree(tree, grammar, state)
     if args.dot:
-        from einspace.render import to_dot
+        from einspace.pictures.dot import to_dot
 
         print(to_dot(tree, Path(args.tree).stem))
         return 0
@@ -264,11 +264,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write a tree or seed as one PyTorch file (and its weights); see einspace.export."""
+    """Write a tree or seed as one PyTorch file (and its weights); see einspace.network.export."""
     import torch
 
-    from einspace.compiler import compile_network
-    from einspace.export import class_name, export_tree, load_weights, save_weights
+    from einspace.network.compiler import compile_network
+    from einspace.network.export import class_name, export_tree, load_weights, save_weights
     from einspace.seeds import load_seed
 
     grammar = load(args.grammar)
@@ -291,11 +291,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import_model(args: argparse.Namespace) -> int:
-    """Trace a PyTorch model and write the tree that computes it; see einspace.fx_import."""
+    """Trace a PyTorch model and write the tree that computes it; see einspace.network.importer."""
     import torch
 
-    from einspace.export import save_weights
-    from einspace.fx_import import import_model, load_factory
+    from einspace.network.export import save_weights
+    from einspace.network.importer import import_model, load_factory
 
     grammar = load(args.grammar)
     state = parse_input(args.input, args.mode)

@@ -44,8 +44,8 @@ from einspace.evaluators.objectives import Objective, objective_for
 from einspace.evaluators.optim import build_optimizer
 from einspace.evaluators.time_model import Forecast, Workload, calibrated
 from einspace.grammar.model import Grammar
+from einspace.ops.trainable import architecture_metrics, constrain_architecture
 from einspace.state import FeatureState
-from einspace.trainable import architecture_metrics, constrain_architecture
 from einspace.tree import Node
 
 __all__ = ["FINAL_EPOCHS", "TrainingEvaluator", "TrainingSettings", "final_evaluation", "train_and_test"]
@@ -88,7 +88,7 @@ class TrainingSettings:
     deterministic: bool = False
     threads: int | None = None  # torch CPU threads (e.g. 1 per worker when workers share cores)
     eval_batch_size: int = 1024
-    lower: bool = True  # compile recognised patterns to fast kernels (einspace.lowering)
+    lower: bool = True  # compile recognised patterns to fast kernels (einspace.network.lowering)
     step_mode: str = "eager"  # eager | cuda_graphs | compile | compile_cuda_graphs (evaluators._runtime)
 
     def __post_init__(self) -> None:

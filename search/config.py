@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from einspace.errors import EinspaceError
-from einspace.sampler import Limits
+from einspace.sampling import Limits
 from einspace.state import FeatureState, input_state
 
 __all__ = [

@@ -35,10 +35,10 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from einspace.checker import CheckedTree, check_tree
-from einspace.compiler import Branches, ClassificationHead, Network, compile_network
 from einspace.errors import EinspaceError
 from einspace.grammar.model import Grammar
-from einspace.lowering import Attention, AttentionHead, BranchLinear, Conv, Folded
+from einspace.network.compiler import Branches, ClassificationHead, Network, compile_network
+from einspace.network.lowering import Attention, AttentionHead, BranchLinear, Conv, Folded
 from einspace.ops import _modules
 from einspace.ops.nos import Calibration, ChannelAttention, DynamicKernel, SpatialAttention
 from einspace.ops.registry import get_op

@@ -7,7 +7,7 @@ falls below the threshold T_m = 0.1. Its differentiable size follows Eq. 9 (Gaus
 (sigmoid) with the reference "cut-off at the last coordinate (x_T = 1) is the full length N",
 clipped at N with a straight-through estimator, so a mask that has grown past its axis still
 feels the complexity loss and can shrink again. Mask parameters are architecture parameters
-(einspace.trainable) and are clamped after every optimiser step as in the paper's App. E: sigma
+(einspace.ops.trainable) and are clamped after every optimiser step as in the paper's App. E: sigma
 no smaller than lets the support reach the first neighbouring taps (a kernel never collapses to
 one tap), mu between "0.95 at the lowest coordinate" and "0.85 at the highest". Sigmoid masks
 start at that upper bound (the paper's initial resolution mask; for width and depth: the base
@@ -45,8 +45,8 @@ from torch import nn
 from einspace.errors import EinspaceError
 from einspace.ops.core import UnaryOperation
 from einspace.ops.registry import Argument, Group, infeasible, register_op
+from einspace.ops.trainable import mark_architecture, register_network_loss
 from einspace.state import COL, FeatureState
-from einspace.trainable import mark_architecture, register_network_loss
 
 __all__ = [
     "ComplexityLoss",

@@ -11,7 +11,7 @@ Layout of the parameters of an `XDConv` (all real tensors; complex ones have a t
 re/im axis of 2):
 
 - `weight` (c_out, c_in, k, ...) and `bias` (c_out,): the model weights, as in a convolution;
-- architecture parameters (`einspace.trainable`): `K`, `L`, `M` hold the twiddles of the
+- architecture parameters (`einspace.ops.trainable`): `K`, `L`, `M` hold the twiddles of the
   per-axis butterflies, concatenated over the axes, (sum_a log2(n_a) n_a / 2, 2, 2, 2); `b`
   (n_1, ..., n_N, 2) the complex bias inside the diagonal; `C` (c_out, c_in, 2) the complex
   channel gates.
@@ -45,8 +45,8 @@ from torch.autograd.function import once_differentiable
 
 from einspace.ops.core import UnaryOperation
 from einspace.ops.registry import Argument, Group, infeasible, register_op
+from einspace.ops.trainable import mark_architecture
 from einspace.state import COL, FeatureState
-from einspace.trainable import mark_architecture
 
 __all__ = [
     "XD",

@@ -13,7 +13,7 @@ Reshapes and permutes are recognised by what they do, not by how they are writte
 them is applied to a tensor of indices, and the result is compared with the grammar's routings
 (a permute of the feature axes, image to tokens, tokens to image); the same trick finds which
 rows of a projection (one qkv linear, or three) feed which attention head. The graph, its
-values on an example input and the source line of each node come from `einspace.fx_graph`.
+values on an example input and the source line of each node come from `einspace.network.importer.graph`.
 
 Whatever the grammar cannot express (a max-pool, GELU, a kernel or width off its grid) is a
 `ModelImportError` at the model's source line, naming the module and the closest expressible
@@ -39,13 +39,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from einspace import architectures as arch
 from einspace.bundled import load as load_grammar
 from einspace.checker import check_tree
-from einspace.compiler import compile_backbone, compile_network
 from einspace.errors import EinspaceError, TreeError
-from einspace.fx_graph import ModelImportError, TracedModel, target_name
 from einspace.grammar.model import Grammar, OpItem, ParallelItem, RepeatItem
+from einspace.network.compiler import compile_backbone, compile_network
+from einspace.network.importer.graph import ModelImportError, TracedModel, target_name
+from einspace.seeds import architectures as arch
 from einspace.state import FeatureState
 from einspace.tree import Node, Nonterminal, Terminal, format_terminal, pretty
 
