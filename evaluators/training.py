@@ -537,7 +537,7 @@ def final_evaluation(
     `settings` are TrainingSettings keys; epochs default to FINAL_EPOCHS (64, Table 4) rather
     than the search's 8. Raises EvaluationFailed for the failures the evaluator reports.
     """
-    from einspace.bundled import load
+    from einspace.grammar.parser import load_grammar
     from einspace.state import input_state
 
     values = {"epochs": FINAL_EPOCHS, **(settings or {})}
@@ -546,5 +546,5 @@ def final_evaluation(
     resolved = settings_from(TrainingSettings, "training", values)
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     if isinstance(grammar, str):
-        grammar = load(grammar)
+        grammar = load_grammar(grammar)
     return train_and_test(tree, data, input_state(data.input_shape), grammar, resolved, random_seed)
