@@ -7,6 +7,7 @@ and under `if TYPE_CHECKING:` run later or never, so they cannot close a circle 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -130,6 +131,25 @@ def test_only_the_torch_side_reaches_torch() -> None:
 
 def test_nothing_in_the_project_imports_a_moved_path() -> None:
     users = sorted((user, old) for user, old in GRAPH.edges if old in MOVED)
+    assert not users, users
+
+
+def test_no_test_benchmark_or_notebook_imports_a_moved_path() -> None:
+    """The same for the code outside the packages (this file imports old paths on purpose)."""
+    old = "|".join(re.escape(path) for path in MOVED)
+    leaves = "|".join(path.removeprefix("einspace.") for path in MOVED)
+    statement = re.compile(
+        rf"(?:from|import)\s+({old})\b(?![.\w])|from\s+einspace\s+import\s+[\w, (]*\b({leaves})\b"
+    )
+    files = [
+        p for folder in ("tests", "benchmarks", "notebooks", "scripts") for p in (ROOT / folder).rglob("*")
+    ]
+    users = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in files
+        if path.suffix in (".py", ".ipynb", ".sh") and path.name != Path(__file__).name
+        for match in statement.finditer(path.read_text())
+    ]
     assert not users, users
 
 
