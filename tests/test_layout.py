@@ -116,6 +116,15 @@ def test_the_root_of_einspace_holds_at_most_twelve_modules() -> None:
     assert len(list((ROOT / "einspace").glob("*.py"))) <= 12
 
 
+def test_every_package_is_in_the_wheel() -> None:
+    """pyproject.toml lists the packages a wheel holds: every folder of the engine is one of them."""
+    listing = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M | re.S)
+    assert listing is not None
+    listed = set(re.findall(r'"([\w.]+)"', listing.group(1)))
+    packages = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert packages <= listed, sorted(packages - listed)
+
+
 def test_no_import_circles() -> None:
     cycles = list(nx.simple_cycles(GRAPH))
     assert not cycles, "import circles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles[:5])
