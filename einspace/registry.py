@@ -46,6 +46,9 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._imported: set[str] = set()
         self._importing = False
+        #: How many entries from outside the built-in modules were added or removed so far: what
+        #: was decided from the entries (a grammar's validity, say) is stale once this has moved.
+        self.changes = 0
 
     def register(self, entry: T) -> T:
         """Add `entry` under its `name` attribute and return it, so that `register` serves as a
@@ -58,6 +61,7 @@ class Registry(Generic[T]):
             raise EinspaceError(f"{label} must set a string `name` to be a registered {self.kind}")
         if getattr(entry, "__module__", None) not in self.builtins:
             self.load_builtins()
+            self.changes += 1
         if name in self._entries:
             raise EinspaceError(f"{self.kind} {name!r} is already registered ({self._entries[name]!r})")
         self._entries[name] = entry
@@ -65,7 +69,8 @@ class Registry(Generic[T]):
 
     def unregister(self, name: str) -> None:
         """Remove an entry if there is one (for plugins and tests that register temporary ones)."""
-        self._entries.pop(name, None)
+        if self._entries.pop(name, None) is not None:
+            self.changes += 1
 
     def get(self, name: str) -> T:
         """The entry called `name`; an unknown name raises `unknown_error` saying what was meant."""

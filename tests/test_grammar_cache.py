@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 from search_helpers import experiment
 
+from einspace.errors import GrammarError
 from einspace.grammar import parser
 from einspace.grammar.parser import load_grammar
+from einspace.ops import Group, register_op, unregister_op
+from einspace.ops.core import UnaryOperation
 from einspace.search.loop import open_store, run_search
 
 GRAMMAR = "start S\nS -> M | (M, M) add\nM if mode == col -> linear(d = 16) | linear(d = 32)\n"
@@ -45,6 +48,25 @@ def test_a_grammar_is_parsed_again_only_when_one_of_its_files_changes(
     child.write_text('extends "base.pcfg"\nM += linear(d = 256)\n')  # the file itself: base is cached
     assert load_grammar(child) is not changed and parses[4:] == [str(child)]
     assert load_grammar("einspace") is load_grammar("einspace") and len(parses) == 6
+
+
+def test_a_plugin_operation_coming_or_going_makes_grammars_parse_again(
+    tmp_path: Path, parses: list[str]
+) -> None:
+    """Whether a grammar is valid depends on the registered operations, not only on its text."""
+    path = tmp_path / "mine.pcfg"
+    path.write_text(GRAMMAR.replace("linear(d = 32)", "test_cached_op"))
+
+    @register_op
+    class CachedOp(UnaryOperation):
+        name, group = "test_cached_op", Group.COMPUTATION
+
+    try:
+        assert load_grammar(path) is load_grammar(path) and len(parses) == 1
+    finally:
+        unregister_op("test_cached_op")
+    with pytest.raises(GrammarError, match="'test_cached_op' is neither a non-terminal"):
+        load_grammar(path)
 
 
 def test_a_search_of_twenty_evaluations_parses_its_grammar_once(tmp_path: Path, parses: list[str]) -> None:

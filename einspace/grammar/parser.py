@@ -27,6 +27,7 @@ from einspace.grammar.model import (
     Rule,
     SymbolItem,
 )
+from einspace.ops.registry import OPERATIONS
 
 __all__ = ["load_grammar", "parse_grammar"]
 
@@ -77,10 +78,11 @@ def parse_grammar(text: str, path: str = "<string>", *, _extending: tuple[Path, 
         raise _with_source(exc, path, text) from None
 
 
-#: Grammars loaded in this process: file -> the text of every file it was composed of, and the
+#: Grammars loaded in this process: file -> the text of every file it was composed of, the
+#: operations' `changes` when it was parsed (a plugin's operation makes a grammar valid), and the
 #: grammar. Loading a grammar again (every evaluation in a worker, every `Experiment.space()`)
-#: parses nothing while none of those files changed.
-_LOADED: dict[Path, tuple[tuple[tuple[str, str], ...], Grammar]] = {}
+#: parses nothing while none of those files and no plugin's operation changed.
+_LOADED: dict[Path, tuple[tuple[tuple[str, str], ...], int, Grammar]] = {}
 
 
 def load_grammar(path: str | Path = "einspace", *, _extending: tuple[Path, ...] = ()) -> Grammar:
@@ -93,11 +95,17 @@ def load_grammar(path: str | Path = "einspace", *, _extending: tuple[Path, ...] 
         raise GrammarError(str(exc)) from None
     text = _read(file)
     own = (str(file), text)
-    texts, grammar = _LOADED.get(file.resolve(), ((), None))
-    if grammar is not None and texts[-1] == own and all(_unchanged(f, t) for f, t in texts[:-1]):
+    texts, changes, grammar = _LOADED.get(file.resolve(), ((), -1, None))
+    if (
+        grammar is not None
+        and changes == OPERATIONS.changes
+        and texts[-1] == own
+        and all(_unchanged(f, t) for f, t in texts[:-1])
+    ):
         return grammar
     grammar = parse_grammar(text, str(file), _extending=_extending)
-    _LOADED[file.resolve()] = (tuple((f, _read(f)) for f in grammar.files[:-1]) + (own,), grammar)
+    texts = tuple((f, _read(f)) for f in grammar.files[:-1]) + (own,)
+    _LOADED[file.resolve()] = (texts, OPERATIONS.changes, grammar)
     return grammar
 
 
