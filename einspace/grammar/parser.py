@@ -88,7 +88,8 @@ _LOADED: dict[Path, tuple[tuple[tuple[str, str], ...], int, Grammar]] = {}
 def load_grammar(path: str | Path = "einspace", *, _extending: tuple[Path, ...] = ()) -> Grammar:
     """Read and parse a grammar file (and the files it extends), by path or by the name of a
     bundled grammar (`einspace` = the paper's space; `einspace.bundled.names_bundled` is the
-    rule). A grammar loaded before is parsed again only when one of its files changed."""
+    rule). A grammar loaded before is parsed again only when one of its files changed or a
+    plugin's operation was registered or removed since."""
     try:
         file = grammar_path(path)
     except EinspaceError as exc:

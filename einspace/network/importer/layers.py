@@ -35,7 +35,6 @@ _ACTIVATION_FUNCTIONS = (torch.relu, torch.tanh, torch.sigmoid) + tuple(
 _ACTIVATION_METHODS = {"relu", "sigmoid", "tanh"}
 _POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d)
 _POOL_FUNCTIONS = {F.max_pool2d, F.avg_pool2d}
-_HEAD_POOLS = {"mean", "flatten", "view", "reshape", "squeeze"}
 
 
 class LayerRules:
