@@ -14,7 +14,7 @@ from torch import nn
 from einspace import CheckedTree, check_tree, compile_backbone, compile_network, parse_tree
 from einspace.errors import EinspaceError, Infeasible
 from einspace.ops import canonical_args, get_op
-from einspace.ops.dnarch import DNArchModule, GaussianMask, SigmoidMask
+from einspace.ops._dnarch_modules import DNArchModule, GaussianMask, SigmoidMask
 from einspace.ops.trainable import (
     architecture_metrics,
     architecture_parameters,

@@ -30,11 +30,11 @@ TORCH_SIDE = (
     "einspace.network",
     "einspace.testing",
     "einspace.ops._modules",
-    "einspace.ops.dnarch",
-    "einspace.ops.nos",
+    "einspace.ops._dnarch_modules",
+    "einspace.ops._nos_modules",
     "einspace.ops.trainable",
     "einspace.ops.verify",
-    "einspace.ops.xd",
+    "einspace.ops._xd_modules",
     "einspace.evaluators",
 )
 
@@ -125,6 +125,18 @@ def test_every_package_is_in_the_wheel() -> None:
     assert packages <= listed, sorted(packages - listed)
 
 
+def test_the_readme_layout_names_every_folder_and_root_module() -> None:
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout") :]
+    layout = layout[: layout.find("\n## ", 1)] if "\n## " in layout[1:] else layout
+    folders = {path.parent.name for path in (ROOT / "einspace").glob("*/__init__.py")}
+    modules = {path.name for path in (ROOT / "einspace").glob("*.py") if path.name != "__init__.py"}
+    missing = sorted(f"{f}/" for f in folders if f"{f}/" not in layout) + sorted(
+        m for m in modules if m not in layout
+    )
+    assert not missing, missing
+
+
 def test_no_import_circles() -> None:
     cycles = list(nx.simple_cycles(GRAPH))
     assert not cycles, "import circles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles[:5])
@@ -201,10 +213,13 @@ def test_old_module_paths_warn_and_are_the_new_modules() -> None:
     assert out == "ok"
 
 
-@pytest.mark.parametrize("sampling", ["paper", "exact"])
-def test_checking_sampling_and_every_strategy_run_without_torch(sampling: str) -> None:
+@pytest.mark.parametrize(
+    ("grammar", "sampling"), [("einspace", "paper"), ("einspace", "exact"), ("einspace_plus", "paper")]
+)
+def test_checking_sampling_and_every_strategy_run_without_torch(grammar: str, sampling: str) -> None:
     """In a fresh process: sample in each mode, check, vary, and run every registered strategy
-    (and successive halving around one) through ask and tell; torch is never imported."""
+    (and successive halving around one) through ask and tell, over the paper's operations and
+    the extra terminals; torch is never imported."""
     out = _run(
         f"""
         import sys
@@ -214,7 +229,7 @@ def test_checking_sampling_and_every_strategy_run_without_torch(sampling: str) -
         from einspace.search.strategy import SearchSpace, get_strategy, list_strategies
         from einspace.search.successive_halving import SuccessiveHalving
 
-        grammar, x = es.load_grammar("einspace"), es.input_state((3, 16, 16))
+        grammar, x = es.load_grammar({grammar!r}), es.input_state((3, 16, 16))
         limits = es.Limits(max_depth=12, max_nodes=80)
         tree = es.make_sampler(grammar, x, limits, {sampling!r}, random_seed=0).sample()
         es.check_tree(tree, grammar, x)

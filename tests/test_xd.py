@@ -10,12 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import einspace.ops.xd as xd_module
+import einspace.ops._xd_modules as xd_module
 from einspace import compile_network
 from einspace.errors import Infeasible
 from einspace.ops import get_op
+from einspace.ops._xd_modules import XDConv, butterfly, butterfly_matrix, dft_twiddles
 from einspace.ops.trainable import architecture_parameters
-from einspace.ops.xd import XDConv, butterfly, butterfly_matrix, dft_twiddles, xd_flops, xd_parameter_count
+from einspace.ops.xd import xd_flops, xd_parameter_count
 from einspace.seeds.architectures import act, computation, network, seq
 from einspace.state import COL, IM, FeatureState
 

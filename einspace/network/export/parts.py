@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from einspace.errors import EinspaceError
-from einspace.ops.nos import ChannelAttention, DynamicKernel, SpatialAttention
+from einspace.ops._nos_modules import ChannelAttention, DynamicKernel, SpatialAttention
 
 if TYPE_CHECKING:
     from einspace.network.export.classes import Class

@@ -15,7 +15,7 @@ from einspace.network.compiler import Branches, ClassificationHead, Network
 from einspace.network.export.parts import DEPTHWISE, DYNAMIC, Helper, Instance, generator_layer
 from einspace.network.lowering import Attention, AttentionHead, BranchLinear, Conv, Folded
 from einspace.ops import _modules
-from einspace.ops.nos import Calibration
+from einspace.ops._nos_modules import Calibration
 
 __all__ = ["Writer"]
 
