@@ -55,7 +55,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import einspace as es
-from einspace.lowering import lowered_kernels
+from einspace.network.lowering import lowered_kernels
 from einspace.seeds import load_seed
 from einspace.testing.op_trace import OpTrace, differences
 from einspace.testing.reference_models import REFERENCES, load_from, reference

@@ -2,8 +2,8 @@
 
     python benchmarks/sampling.py [--quick] [--seed 0]
 
-Modes: `paper` (backtracking, einspace.sampler) and `exact` (the PCFG conditioned on validity,
-einspace.exact_sampler). Every sampled tree is checked (outside the timings) and must keep the limits.
+Modes: `paper` (backtracking, einspace.sampling.paper) and `exact` (the PCFG conditioned on validity,
+einspace.sampling.exact). Every sampled tree is checked (outside the timings) and must keep the limits.
 
 1. Throughput at p(M -> C) = 0.32 for 3x32x32 and 3x64x64 inputs, with the default limits and with
    loose ones: trees/s and nodes/s by wall clock and by this process's CPU time (the machine may be
@@ -13,8 +13,8 @@ einspace.exact_sampler). Every sampled tree is checked (outside the timings) and
    (`CUT`) counts the time of the sample it interrupted, so its rates are not biased toward quick
    trees. Then the time to mutate trees (mutation uses the paper mode's derivations in either mode).
 2. Distribution at 3x32x32, default limits: each mode against blind rejection sampling (the PCFG's
-   draws that happen to be valid, einspace.rejection_sampler): permutation p-values for root
-   productions, branching factors, operation frequencies and sizes (einspace.distribution), and
+   draws that happen to be valid, einspace.sampling.rejection): permutation p-values for root
+   productions, branching factors, operation frequencies and sizes (einspace.testing.distribution), and
    the share of trees with a skip connection and with a convolution (im2col ... col2im).
 3. Relative cost per node: sampling against one `check_tree` pass and against `compile_backbone`.
 4. The sweep of the paper's Table 6 (App. C.2), sizes and branching factors over p(M -> C), for both
@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import einspace as es
-from einspace.distribution import FEATURES, compare_samples, features
 from einspace.errors import SamplingError, VariationError
-from einspace.rejection_sampler import RejectionSampler
+from einspace.sampling.rejection import RejectionSampler
+from einspace.sampling.variation import limit_violation
+from einspace.testing.distribution import FEATURES, compare_samples, features
 from einspace.tree import Nonterminal, Parallel, Terminal
-from einspace.variation import limit_violation
 
 # Table 6 of the paper (Ericsson et al., NeurIPS 2024, App. C.2): 2000 sampled architectures per
 # p(M -> C). Per quantity and p: (min, median, mean, std, max).

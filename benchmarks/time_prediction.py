@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from einspace import Limits, Sampler, check_tree
-from einspace.bundled import load
 from einspace.errors import SamplingError
 from einspace.evaluators._runtime import autocast_dtype, resolve_device
 from einspace.evaluators.base import Task, run_task
 from einspace.evaluators.time_model import TimeModel, Workload, calibrate
+from einspace.grammar.parser import load_grammar
 from einspace.state import input_state
 from einspace.tree import to_text
 
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--exclude", type=int, nargs="*", default=[], help="seeds not to train")
     args = parser.parse_args()
 
-    grammar, x = load("einspace"), input_state((1, 8, 8))
+    grammar, x = load_grammar("einspace"), input_state((1, 8, 8))
     device = resolve_device(args.device)
     model = _calibrated(device, args.threads)
     print(f"calibration on {device}, {args.threads} thread(s): {model}")

@@ -3,7 +3,7 @@
 After paper 000's permuted-CIFAR experiment: every image of the bundled 8x8 digits has its 64
 pixels shuffled by one fixed random permutation (the same for all splits), which destroys the
 locality a convolution relies on. Networks of one layout are trained, all derivation trees
-built with `einspace.architectures` and compiled by einspace:
+built with `einspace.seeds.architectures` and compiled by einspace:
 
 - conv: two 3x3 convolutions (stride 1, padding 1, width 16), each followed by norm and leaky
         ReLU, then the paper's head (average pool, linear). A convolution is im2col . linear .
@@ -36,9 +36,9 @@ import time
 
 import numpy as np
 
-from einspace.architectures import act, computation, conv, network, norm, seq
 from einspace.evaluators.datasets import Dataset, load_dataset
 from einspace.evaluators.training import TrainingSettings, train_and_test
+from einspace.seeds.architectures import act, computation, conv, network, norm, seq
 from einspace.state import input_state
 from einspace.tree import Nonterminal
 

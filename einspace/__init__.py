@@ -10,20 +10,23 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from einspace import _moved
 from einspace._source_layout import install_if_source_checkout
 
 # Imported from a source checkout (the repository root on sys.path shadows an installed einspace),
 # einspace.search, .evaluators and .grammars are served from the top-level folders: see _source_layout.
 install_if_source_checkout(Path(__file__).parent)
+# Modules moved in the 0.2 layout are still found under their old paths, with a warning: see _moved.
+_moved.install()
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "CheckedTree": "einspace.checker",
     "TreeStats": "einspace.checker",
     "check_tree": "einspace.checker",
-    "Network": "einspace.compiler",
-    "compile_backbone": "einspace.compiler",
-    "compile_network": "einspace.compiler",
+    "Network": "einspace.network.compiler",
+    "compile_backbone": "einspace.network.compiler",
+    "compile_network": "einspace.network.compiler",
     "EinspaceError": "einspace.errors",
     "TreeError": "einspace.errors",
     "Grammar": "einspace.grammar.model",
@@ -32,10 +35,10 @@ _EXPORTS = {
     "get_op": "einspace.ops.registry",
     "list_ops": "einspace.ops.registry",
     "register_op": "einspace.ops.registry",
-    "Limits": "einspace.sampler",
-    "Sampler": "einspace.sampler",
-    "sample_tree": "einspace.sampler",
-    "ExactSampler": "einspace.exact_sampler",
+    "Limits": "einspace.sampling.base",
+    "Sampler": "einspace.sampling.paper",
+    "sample_tree": "einspace.sampling",
+    "ExactSampler": "einspace.sampling.exact",
     "SAMPLING_MODES": "einspace.sampling",
     "make_sampler": "einspace.sampling",
     "FeatureState": "einspace.state",
@@ -45,7 +48,7 @@ _EXPORTS = {
     "parse_tree": "einspace.tree",
     "pretty": "einspace.tree",
     "to_text": "einspace.tree",
-    "Variation": "einspace.variation",
+    "Variation": "einspace.sampling.variation",
     "load_grammar": "einspace.grammar.parser",
 }
 
@@ -83,17 +86,16 @@ __all__ = [
 
 if TYPE_CHECKING:
     from einspace.checker import CheckedTree, TreeStats, check_tree
-    from einspace.compiler import Network, compile_backbone, compile_network
     from einspace.errors import EinspaceError, TreeError
-    from einspace.exact_sampler import ExactSampler
     from einspace.grammar.model import Grammar
     from einspace.grammar.parser import load_grammar, parse_grammar
+    from einspace.network.compiler import Network, compile_backbone, compile_network
     from einspace.ops.registry import Operation, get_op, list_ops, register_op
-    from einspace.sampler import Limits, Sampler, sample_tree
-    from einspace.sampling import SAMPLING_MODES, make_sampler
+    from einspace.sampling import SAMPLING_MODES, Limits, Sampler, make_sampler, sample_tree
+    from einspace.sampling.exact import ExactSampler
+    from einspace.sampling.variation import Variation
     from einspace.state import FeatureState, input_state
     from einspace.tree import content_hash, load_tree, parse_tree, pretty, to_text
-    from einspace.variation import Variation
 
 
 def __getattr__(name: str) -> Any:

@@ -1,12 +1,26 @@
-"""Find grammar files by path or by the name of a bundled one (`einspace` = the paper's space)."""
+"""Files shipped with einspace (grammars, seed trees) and the one rule that tells a bundled name from
+a path, which grammars, seeds, datasets and experiment files all follow (`names_bundled`)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 
 from einspace.errors import EinspaceError
-from einspace.grammar.model import Grammar
+
+__all__ = ["bundled_files", "bundled_grammars", "grammar_path", "names_bundled", "resolve"]
+
+
+def names_bundled(name_or_path: str | Path, bundled: Collection[str]) -> bool:
+    """Whether `name_or_path` means something bundled rather than a path: it does when it is a
+    string with no folder part that is one of the `bundled` names, whatever the working directory
+    holds. Anything else is a path: a `Path`, a string with a folder or a suffix, or a name
+    nothing bundled has. So a file in the working directory that has a bundled name (such as the
+    `einspace` console script in a virtualenv's bin/) is reached as ./einspace, and the meaning
+    of a name never depends on where a command runs."""
+    plain = isinstance(name_or_path, str) and Path(name_or_path).name == name_or_path
+    return plain and name_or_path in bundled
 
 
 def bundled_files(folder: str, suffix: str) -> dict[str, Path]:
@@ -19,17 +33,9 @@ def bundled_files(folder: str, suffix: str) -> dict[str, Path]:
     return {Path(str(f)).stem: Path(str(f)) for f in root.iterdir() if str(f).endswith(suffix)}
 
 
-def names_bundled(name_or_path: str | Path, bundled: dict[str, Path]) -> bool:
-    """Whether `name_or_path` means a bundled file: a bundled name given as a plain string with no
-    folder and no suffix (a file of that name in the working directory, such as the `einspace`
-    console script in a virtualenv's bin/, is reached as ./einspace)."""
-    plain = isinstance(name_or_path, str) and Path(name_or_path).name == name_or_path
-    return plain and name_or_path in bundled
-
-
 def resolve(name_or_path: str | Path, bundled: dict[str, Path], what: str, plural: str) -> Path:
-    """The bundled file a bundled name means, else the path itself when it is a file; an error
-    lists the bundled names."""
+    """The bundled file a bundled name means (`names_bundled`), else the path, which must be a
+    file; an error lists the bundled names."""
     if names_bundled(name_or_path, bundled):
         return bundled[str(name_or_path)]
     path = Path(name_or_path)
@@ -45,12 +51,5 @@ def bundled_grammars() -> dict[str, Path]:
 
 
 def grammar_path(name_or_path: str | Path) -> Path:
-    """A grammar file: the path itself when it exists, else the bundled grammar of that name."""
+    """A grammar file: the bundled grammar a bundled name means, else the path, which must exist."""
     return resolve(name_or_path, bundled_grammars(), "grammar", "grammars")
-
-
-def load(name_or_path: str | Path = "einspace") -> Grammar:
-    """Load and validate a grammar by path or bundled name."""
-    from einspace.grammar.parser import load_grammar
-
-    return load_grammar(grammar_path(name_or_path))

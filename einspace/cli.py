@@ -8,16 +8,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from einspace.bundled import load
+from einspace.bundled import names_bundled
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError, SeedFitError
 from einspace.grammar.model import Grammar
+from einspace.grammar.parser import load_grammar
 from einspace.ops.registry import get_op, list_ops
 from einspace.plugins import load_plugins
-from einspace.sampler import Limits
 from einspace.sampling import SAMPLING_MODES, make_sampler
-from einspace.state import describe, parse_input
+from einspace.sampling.base import Limits
+from einspace.state import FeatureState, describe, parse_input
 from einspace.tree import (
+    Node,
     Nonterminal,
     Parallel,
     Repeat,
@@ -79,7 +81,7 @@ def _stats_line(checked: CheckedTree) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     from einspace.grammar.analysis import analyse, format_analysis, never_taken
 
-    grammar = load(args.grammar)
+    grammar = load_grammar(args.grammar)
     rules = grammar.rules
     alternatives = sum(len(r.alternatives) for r in rules)
     print(
@@ -142,7 +144,7 @@ def _rule_origins(grammar: Grammar) -> str:
 def cmd_sample(args: argparse.Namespace) -> int:
     from einspace.grammar.analysis import require_consistent
 
-    grammar = load(args.grammar)
+    grammar = load_grammar(args.grammar)
     state = parse_input(args.input, args.mode)
     require_consistent(grammar, state.mode, args.allow_inconsistent)
     sampler = make_sampler(grammar, state, _limits(args), args.sampling, args.random_seed)
@@ -174,16 +176,23 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    from einspace.seeds import load_seed
+def _tree_or_seed(name_or_path: str, grammar: Grammar, state: FeatureState) -> Node:
+    """A bundled seed by name (`names_bundled`), checked to fit, whose error says which seed does not
+    fit; else the tree file at that path, or when there is none, an error listing the bundled seeds."""
+    from einspace.seeds import list_seeds, load_seed
 
-    grammar = load(args.grammar)
+    if names_bundled(name_or_path, list_seeds()) or not Path(name_or_path).is_file():
+        return load_seed(name_or_path, grammar, state)
+    return load_tree(name_or_path)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    grammar = load_grammar(args.grammar)
     state = parse_input(args.input, args.mode)
-    # A file path wins; otherwise a bundled seed, whose error says which seed does not fit.
-    tree = load_tree(args.tree) if Path(args.tree).is_file() else load_seed(args.tree, grammar, state)
+    tree = _tree_or_seed(args.tree, grammar, state)
     checked = check_tree(tree, grammar, state)
     if args.dot:
-        from einspace.render import to_dot
+        from einspace.pictures.dot import to_dot
 
         print(to_dot(tree, Path(args.tree).stem))
         return 0
@@ -237,7 +246,7 @@ def cmd_seeds(args: argparse.Namespace) -> int:
     """List the bundled seeds with their size at the given input, or why they don't fit it."""
     from einspace.seeds import list_seeds, load_seed, seed_description
 
-    grammar = load(args.grammar)
+    grammar = load_grammar(args.grammar)
     state = parse_input(args.input, args.mode)
     names = list_seeds()
     width = max((len(n) for n in names), default=0)
@@ -264,16 +273,15 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write a tree or seed as one PyTorch file (and its weights); see einspace.export."""
+    """Write a tree or seed as one PyTorch file (and its weights); see einspace.network.export."""
     import torch
 
-    from einspace.compiler import compile_network
-    from einspace.export import class_name, export_tree, load_weights, save_weights
-    from einspace.seeds import load_seed
+    from einspace.network.compiler import compile_network
+    from einspace.network.export import class_name, export_tree, load_weights, save_weights
 
-    grammar = load(args.grammar)
+    grammar = load_grammar(args.grammar)
     state = parse_input(args.input, args.mode)
-    tree = load_tree(args.tree) if Path(args.tree).is_file() else load_seed(args.tree, grammar, state)
+    tree = _tree_or_seed(args.tree, grammar, state)
     checked = check_tree(tree, grammar, state)
     name = args.name or class_name(Path(args.tree).stem)
     torch.manual_seed(args.random_seed)
@@ -291,13 +299,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import_model(args: argparse.Namespace) -> int:
-    """Trace a PyTorch model and write the tree that computes it; see einspace.fx_import."""
+    """Trace a PyTorch model and write the tree that computes it; see einspace.network.importer."""
     import torch
 
-    from einspace.export import save_weights
-    from einspace.fx_import import import_model, load_factory
+    from einspace.network.export import save_weights
+    from einspace.network.importer import import_model, load_factory
 
-    grammar = load(args.grammar)
+    grammar = load_grammar(args.grammar)
     state = parse_input(args.input, args.mode)
     model = load_factory(args.model)
     torch.manual_seed(args.random_seed)  # the fresh weights of substituted layers

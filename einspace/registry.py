@@ -21,23 +21,34 @@ class Registry(Generic[T]):
     """Entries of one kind by name: a second entry under a name is refused, an unknown name suggests
     close matches.
 
-    `builtins` names the modules that register the built-in entries as they are imported. They are
-    imported the first time a name is missing or the names are listed, never with the module that
-    holds the registry: so that module imports none of them (no import cycle), and a registry
-    whose built-ins need torch costs nothing until one is looked up.
+    `builtins` names the modules that register the built-in entries as they are imported, either
+    as a sequence or as a mapping from each module to the names it registers. They are imported
+    when a name is missing (in order until it is found; with a mapping, only the module that
+    declares it) and all of them when the names are listed; never with the module that holds the
+    registry: so that module imports none of them (no import cycle), and a built-in module that
+    needs torch costs nothing until one of its own entries is looked up.
     """
 
     def __init__(
         self,
         kind: str,
-        builtins: tuple[str, ...] = (),
+        builtins: Sequence[str] | Mapping[str, Sequence[str]] = (),
         unknown_error: type[UnknownNameError] = UnknownNameError,
     ):
         self.kind = kind
-        self.builtins = builtins
+        #: Built-in module -> the names it declares (None: known only once it is imported).
+        self.builtins: dict[str, frozenset[str] | None] = (
+            {module: frozenset(names) for module, names in builtins.items()}
+            if isinstance(builtins, Mapping)
+            else dict.fromkeys(builtins)
+        )
         self.unknown_error = unknown_error
         self._entries: dict[str, T] = {}
-        self._builtins_loaded = not builtins
+        self._imported: set[str] = set()
+        self._importing = False
+        #: How many entries from outside the built-in modules were added or removed so far: what
+        #: was decided from the entries (a grammar's validity, say) is stale once this has moved.
+        self.changes = 0
 
     def register(self, entry: T) -> T:
         """Add `entry` under its `name` attribute and return it, so that `register` serves as a
@@ -50,6 +61,7 @@ class Registry(Generic[T]):
             raise EinspaceError(f"{label} must set a string `name` to be a registered {self.kind}")
         if getattr(entry, "__module__", None) not in self.builtins:
             self.load_builtins()
+            self.changes += 1
         if name in self._entries:
             raise EinspaceError(f"{self.kind} {name!r} is already registered ({self._entries[name]!r})")
         self._entries[name] = entry
@@ -57,7 +69,8 @@ class Registry(Generic[T]):
 
     def unregister(self, name: str) -> None:
         """Remove an entry if there is one (for plugins and tests that register temporary ones)."""
-        self._entries.pop(name, None)
+        if self._entries.pop(name, None) is not None:
+            self.changes += 1
 
     def get(self, name: str) -> T:
         """The entry called `name`; an unknown name raises `unknown_error` saying what was meant."""
@@ -72,20 +85,28 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         if name not in self._entries:
-            self.load_builtins()
+            self.load_builtins(until=name)
         return name in self._entries
 
-    def load_builtins(self) -> None:
-        """Import the built-in modules once; an import that fails is tried again next time."""
-        if self._builtins_loaded:
+    def load_builtins(self, until: object = None) -> None:
+        """Import the built-in modules not imported yet, in order, stopping as soon as an entry named
+        `until` is registered and skipping modules that declare other names; an import that fails is
+        tried again next time. A built-in module that looks names up while it imports sees the
+        entries registered so far and imports nothing."""
+        if self._importing:
             return
-        self._builtins_loaded = True  # first: a built-in module may look names up while it imports
+        self._importing = True
         try:
-            for module in self.builtins:
+            for module, declared in self.builtins.items():
+                if until is not None and until in self._entries:
+                    return
+                elsewhere = until is not None and declared is not None and until not in declared
+                if module in self._imported or elsewhere:
+                    continue
                 importlib.import_module(module)
-        except BaseException:
-            self._builtins_loaded = False
-            raise
+                self._imported.add(module)
+        finally:
+            self._importing = False
 
     def create(self, name: str, settings: Mapping[str, Any] | None, /, *args: Any, **given: Any) -> Any:
         """The class registered as `name`, called with `args` and `given` (from the caller) and

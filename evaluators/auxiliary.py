@@ -1,7 +1,7 @@
 """The auxiliary part of a training objective: terms from modules and from network losses, weighted.
 
 The evaluator's `auxiliary_losses` setting maps a term's name to its weight, or, for a
-network loss (einspace.trainable.register_network_loss), to a mapping with `weight` and the
+network loss (einspace.ops.trainable.register_network_loss), to a mapping with `weight` and the
 loss's own options:
 
     auxiliary_losses: {complexity: {weight: 0.1, target: 0.5, measure: flops}, sparsity: 0.01}
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from einspace.errors import EinspaceError
-from einspace.trainable import (
+from einspace.ops.trainable import (
     NetworkLoss,
     auxiliary_loss_modules,
     auxiliary_losses,

@@ -239,14 +239,14 @@ class _Meter:
 
 def run_task(task: Task) -> Result:
     """Evaluate a task; every failure becomes a failed Result with its reason and its cost (never raises)."""
-    from einspace.bundled import load
     from einspace.checker import check_tree
+    from einspace.grammar.parser import load_grammar
     from einspace.state import input_state
     from einspace.tree import parse_tree
 
     meter = _Meter()
     try:
-        grammar = load(task.grammar)
+        grammar = load_grammar(task.grammar)
         state = input_state(task.input_shape, task.mode)
         checked = check_tree(parse_tree(task.tree), grammar, state)
         evaluator = get_evaluator(task.evaluator, task_settings(task))

@@ -72,9 +72,9 @@ def _experiment_settings(path: str) -> tuple[str, dict[str, Any]]:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from einspace.bundled import load
     from einspace.evaluators.datasets import load_dataset
     from einspace.evaluators.training import FINAL_EPOCHS, final_evaluation
+    from einspace.grammar.parser import load_grammar
     from einspace.seeds import load_seed
     from einspace.state import input_state
 
@@ -86,7 +86,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             settings[key] = getattr(args, option)
     settings.setdefault("epochs", FINAL_EPOCHS)
     dataset = load_dataset(settings.get("dataset", "digits"))
-    grammar = load(args.grammar or grammar_name)
+    grammar = load_grammar(args.grammar or grammar_name)
     tree = load_seed(args.tree, grammar, input_state(dataset.input_shape))
     print(f"# {dataset.summary()}; training on train+valid for {settings['epochs']} epochs")
     metrics = final_evaluation(tree, dataset, grammar, settings, args.random_seed)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from einspace.bundled import names_bundled
 from einspace.errors import EinspaceError
 
 __all__ = ["SPLITS", "Dataset", "list_datasets", "load_arrays", "load_dataset"]
@@ -225,7 +226,9 @@ def list_datasets() -> dict[str, str]:
 
 
 def load_dataset(name_or_path: str | Path) -> Dataset:
-    """A built-in dataset by name, or a dataset directory / `.npz` file by path.
+    """A built-in dataset by name, or a dataset directory / `.npz` file by path: a plain name that
+    is a built-in's means the built-in, whatever the working directory holds (the rule of
+    `einspace.bundled.names_bundled`; a folder `digits` there is reached as ./digits).
 
     Cached per process (a worker evaluating many trees loads its data once); a file that
     changes on disk is read again.
@@ -233,7 +236,7 @@ def load_dataset(name_or_path: str | Path) -> Dataset:
     from einspace.evaluators.builtin import BUILTINS
 
     key = str(name_or_path)
-    if key in BUILTINS and not Path(key).exists():
+    if names_bundled(name_or_path, BUILTINS):
         return _builtin(key)
     path = Path(name_or_path).expanduser()
     if not path.exists():

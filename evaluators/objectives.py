@@ -17,9 +17,9 @@ from einops import rearrange
 from torch import nn
 
 from einspace.checker import CheckedTree
-from einspace.compiler import Network, compile_backbone, compile_network
 from einspace.evaluators.base import EvaluationFailed
 from einspace.evaluators.datasets import Dataset
+from einspace.network.compiler import Network, compile_backbone, compile_network
 from einspace.state import FeatureState
 
 __all__ = ["Classification", "DenseHead", "DenseRegression", "Objective", "objective_for", "relative_l2"]

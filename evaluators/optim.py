@@ -3,7 +3,7 @@
 Why groups: trainable terminals carry architecture parameters (XD-operations' K-matrices,
 DNArch mask cut-offs) that want their own optimiser, learning rate, weight decay and warm-up,
 apart from the network weights. A module declares them with
-`einspace.trainable.mark_architecture` (a parameter may also carry the attribute
+`einspace.ops.trainable.mark_architecture` (a parameter may also carry the attribute
 `einspace_group = "<kind>"`); everything else is classified by `parameter_kind`. Training
 settings may override any kind:
 
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from einspace.errors import EinspaceError
-from einspace.trainable import ARCHITECTURE, is_architecture_parameter
+from einspace.ops.trainable import ARCHITECTURE, is_architecture_parameter
 
 __all__ = [
     "ARCHITECTURE_DEFAULTS",

@@ -49,8 +49,8 @@ from einspace.evaluators.objectives import Objective, objective_for
 from einspace.evaluators.optim import build_optimizer
 from einspace.evaluators.time_model import Forecast, Workload, calibrated
 from einspace.grammar.model import Grammar
+from einspace.ops.trainable import architecture_metrics, constrain_architecture
 from einspace.state import FeatureState
-from einspace.trainable import architecture_metrics, constrain_architecture
 from einspace.tree import Node, content_hash
 
 __all__ = ["FINAL_EPOCHS", "TrainingEvaluator", "TrainingSettings", "final_evaluation", "train_and_test"]
@@ -93,7 +93,7 @@ class TrainingSettings:
     deterministic: bool = False
     threads: int | None = None  # torch CPU threads (e.g. 1 per worker when workers share cores)
     eval_batch_size: int = 1024
-    lower: bool = True  # compile recognised patterns to fast kernels (einspace.lowering)
+    lower: bool = True  # compile recognised patterns to fast kernels (einspace.network.lowering)
     step_mode: str = "eager"  # eager | cuda_graphs | compile | compile_cuda_graphs (evaluators._runtime)
 
     def __post_init__(self) -> None:
@@ -576,7 +576,7 @@ def final_evaluation(
     `settings` are TrainingSettings keys; epochs default to FINAL_EPOCHS (64, Table 4) rather
     than the search's 8. Raises EvaluationFailed for the failures the evaluator reports.
     """
-    from einspace.bundled import load
+    from einspace.grammar.parser import load_grammar
     from einspace.state import input_state
 
     values = {"epochs": FINAL_EPOCHS, **(settings or {})}
@@ -585,5 +585,5 @@ def final_evaluation(
     resolved = settings_from(TrainingSettings, "training", values)
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     if isinstance(grammar, str):
-        grammar = load(grammar)
+        grammar = load_grammar(grammar)
     return train_and_test(tree, data, input_state(data.input_shape), grammar, resolved, random_seed)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from einspace.bundled import bundled_files, bundled_grammars, names_bundled
 from einspace.errors import EinspaceError
-from einspace.sampler import Limits
+from einspace.sampling import Limits
 from einspace.state import FeatureState, input_state
 
 __all__ = [
@@ -304,12 +306,19 @@ class Experiment:
         return data
 
     def space(self):  # noqa: ANN201 - SearchSpace, imported lazily to keep config import light
-        from einspace.bundled import load
+        """What the strategy draws from, made once per experiment: the grammar loaded and the seeds
+        read and fitted to the input at the first call."""
+        if "_space" not in self.__dict__:
+            self.__dict__["_space"] = self._space()  # frozen: the cache goes round __setattr__
+        return self.__dict__["_space"]
+
+    def _space(self):  # noqa: ANN202 - SearchSpace
+        from einspace.grammar.parser import load_grammar
         from einspace.search.strategy import SearchSpace
         from einspace.seeds import load_seed
         from einspace.tree import to_text
 
-        grammar = load(self.grammar)
+        grammar = load_grammar(self.grammar)
         state = self.input.state()
         seeds = [(Path(s).stem, to_text(load_seed(s, grammar, state))) for s in self.seeds]
         return SearchSpace(grammar, state, self.limits, seeds, self.sampling)
@@ -378,10 +387,10 @@ class Experiment:
 def grammar_digest(grammar: str) -> str:
     """SHA-256 over the text of every file a grammar is composed of (paths left out, so that a
     run can move with its files), or of the name alone when it cannot be loaded."""
-    from einspace.bundled import load
+    from einspace.grammar.parser import load_grammar
 
     try:
-        loaded = load(grammar)
+        loaded = load_grammar(grammar)
     except EinspaceError:
         return hashlib.sha256(grammar.encode()).hexdigest()
     digest = hashlib.sha256()
@@ -397,8 +406,11 @@ def _file_digest(path: Path) -> str:
         return "missing"
 
 
-def _resolve(value: str, base: Path) -> str:
-    """A relative path that exists next to the experiment file wins over a bundled name."""
+def _resolve(value: str, base: Path, bundled: Collection[str] = ()) -> str:
+    """A bundled name as it is (the rule of `einspace.bundled.names_bundled`); a relative path that
+    exists next to the experiment file, resolved against it; anything else as it is."""
+    if names_bundled(value, bundled):
+        return value
     candidate = base / value
     return str(candidate.resolve()) if not Path(value).is_absolute() and candidate.is_file() else value
 
@@ -420,13 +432,14 @@ def parse_experiment(raw: Any, source: str = "<experiment>", base: Path | None =
 
 def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> None:
     """The grammar, seeds and plugins, relative paths resolved against `base`."""
-    data["grammar"] = _resolve(data["grammar"], base)
+    data["grammar"] = _resolve(data["grammar"], base, bundled_grammars())
+    bundled = {"seeds": bundled_files("seeds", ".tree"), "plugins": {}}
     for key in ("seeds", "plugins"):
         for i, item in enumerate(data[key]):
             if not isinstance(item, str):
                 got = f"{type(item).__name__} {item!r}"
                 raise ConfigError(f"{source}: {key}[{i}] must be a string, got {got}")
-        data[key] = [_resolve(item, base) for item in data[key]]
+        data[key] = [_resolve(item, base, bundled[key]) for item in data[key]]
     for i, item in enumerate(data["warm_start"]):
         if not isinstance(item, str):
             raise ConfigError(f"{source}: warm_start[{i}] must be a run directory, got {item!r}")

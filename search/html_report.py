@@ -161,7 +161,7 @@ def _sizes_png(evaluated: list[_Evaluated]) -> str:
 
 def _operations_png(all_shares: dict[str, float], top_shares: dict[str, float], k: int) -> str:
     from einspace.ops.registry import get_op, has_op
-    from einspace.render import GROUP_COLOURS
+    from einspace.pictures.dot import GROUP_COLOURS
 
     ops = sorted(all_shares, key=lambda op: -max(all_shares[op], top_shares.get(op, 0.0)))
     fig = Figure(figsize=(8, 0.8 + 0.28 * len(ops)), dpi=100)

@@ -163,9 +163,9 @@ class SearchRun:
 
     @cached_property
     def grammar(self) -> Grammar:
-        from einspace.bundled import load
+        from einspace.grammar.parser import load_grammar
 
-        return load(self._known().grammar)
+        return load_grammar(self._known().grammar)
 
     @property
     def input(self) -> FeatureState:

@@ -8,8 +8,6 @@ idle for reuse. Small networks then pack many to a GPU and big ones get a whole 
 
 from __future__ import annotations
 
-import functools
-
 from einspace.evaluators.base import Task
 
 __all__ = ["BYTES_PER_PARAMETER", "PROCESS_BYTES", "SMALLEST_SHARE", "gpu_share", "training_bytes"]
@@ -31,20 +29,14 @@ def training_bytes(task: Task) -> int:
     their gradients and optimiser states, and the activations of one batch at 4 bytes a value."""
     from einspace.checker import check_tree
     from einspace.evaluators.budgets import activation_bytes
+    from einspace.grammar.parser import load_grammar
     from einspace.state import input_state
     from einspace.tree import parse_tree
 
     state = input_state(task.input_shape, task.mode)
-    checked = check_tree(parse_tree(task.tree), _grammar(task.grammar), state)
+    checked = check_tree(parse_tree(task.tree), load_grammar(task.grammar), state)
     batch = int(task.settings.get("batch_size", DEFAULT_BATCH))
     return PROCESS_BYTES + BYTES_PER_PARAMETER * checked.params + activation_bytes(checked, batch)
-
-
-@functools.lru_cache(maxsize=4)
-def _grammar(name: str):  # noqa: ANN202 - Grammar, imported lazily
-    from einspace.bundled import load
-
-    return load(name)
 
 
 def gpu_share(needed: int, device_bytes: int, largest: float) -> float:

@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from einspace.errors import EinspaceError
-from einspace.exact_sampler import ExactSampler
 from einspace.grammar.model import Grammar
 from einspace.registry import Registry
-from einspace.sampler import Limits, Sampler
-from einspace.sampling import make_sampler
+from einspace.sampling import Limits, Sampler, make_sampler
+from einspace.sampling.exact import ExactSampler
+from einspace.sampling.variation import Variation
 from einspace.state import FeatureState
 from einspace.tree import Node, content_hash, parse_tree, to_text
-from einspace.variation import Variation
 
 __all__ = [
     "Candidate",

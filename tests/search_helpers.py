@@ -10,6 +10,8 @@ from typing import Any
 from einspace.search.config import Experiment, parse_experiment
 
 PLUGIN = str(Path(__file__).with_name("search_plugins.py"))
+#: Counts grammar parses in each process (parse_counter.py).
+PARSE_COUNTER = str(Path(__file__).with_name("parse_counter.py"))
 
 BASE: dict[str, Any] = {
     "random_seed": 3,

@@ -14,15 +14,15 @@ from torch import nn
 from einspace import CheckedTree, check_tree, compile_backbone, compile_network, parse_tree
 from einspace.errors import EinspaceError, Infeasible
 from einspace.ops import canonical_args, get_op
-from einspace.ops.dnarch import DNArchModule, GaussianMask, SigmoidMask
-from einspace.state import COL, IM, FeatureState
-from einspace.trainable import (
+from einspace.ops._dnarch_modules import DNArchModule, GaussianMask, SigmoidMask
+from einspace.ops.trainable import (
     architecture_metrics,
     architecture_parameters,
     build_network_loss,
     constrain_architecture,
     network_losses,
 )
+from einspace.state import COL, IM, FeatureState
 
 torch.manual_seed(0)
 LN9 = math.log(9)  # Eq. 4 with T_m = 0.1: x_T = mu + ln 9 / tau

@@ -12,19 +12,18 @@ import pytest
 
 from einspace import check_tree, load_grammar
 from einspace.cli import main
-from einspace.distribution import FEATURES, compare_samples, features
 from einspace.errors import EinspaceError, Infeasible, SamplingError
-from einspace.exact_sampler import ExactSampler
 from einspace.grammar import parse_grammar
 from einspace.grammar.model import Grammar, OpItem, ParallelItem, SymbolItem
-from einspace.inside import abstract_of, inside_tables
 from einspace.ops.registry import get_op, list_ops
-from einspace.rejection_sampler import RejectionSampler
-from einspace.sampler import Limits, Sampler, sample_tree
-from einspace.sampling import make_sampler
+from einspace.sampling import Limits, Sampler, make_sampler, sample_tree
+from einspace.sampling.exact import ExactSampler
+from einspace.sampling.inside import abstract_of, inside_tables
+from einspace.sampling.rejection import RejectionSampler
+from einspace.sampling.variation import limit_violation
 from einspace.state import FeatureState, input_state
+from einspace.testing.distribution import FEATURES, compare_samples, features
 from einspace.tree import Nonterminal, Parallel, Repeat, Terminal, to_text, tree_depth
-from einspace.variation import limit_violation
 
 #: One significance level for every test here; with fixed seeds each outcome is deterministic.
 ALPHA = 0.001

@@ -19,12 +19,12 @@ import torch
 from tree_samples import cheap, sampled_trees
 
 from einspace import Limits, Variation, check_tree, compile_network, load_grammar, parse_tree
-from einspace import architectures as arch
 from einspace.checker import CheckedTree
 from einspace.cli import main
 from einspace.errors import EinspaceError
-from einspace.export import class_name, export_networks, export_tree, load_weights, save_weights
+from einspace.network.export import class_name, export_networks, export_tree, load_weights, save_weights
 from einspace.ops import Group, Operation, register_op, unregister_op
+from einspace.seeds import architectures as arch
 from einspace.seeds import list_seeds, load_seed
 from einspace.state import input_state
 from einspace.tree import Terminal, walk

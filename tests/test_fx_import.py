@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from einspace import architectures as arch
 from einspace import check_tree, compile_network, load_grammar, parse_tree
 from einspace.cli import main
 from einspace.errors import EinspaceError
-from einspace.export import load_weights
-from einspace.fx_import import ImportedModel, ModelImportError, import_model, load_factory
+from einspace.network.export import load_weights
+from einspace.network.importer import ImportedModel, ModelImportError, import_model, load_factory
+from einspace.seeds import architectures as arch
 from einspace.seeds import load_seed
 from einspace.state import input_state
 from einspace.testing.reference_models import MLPMixer, reference

@@ -409,7 +409,7 @@ def test_strategies_stores_configs_and_trees_import_without_torch() -> None:
         "einspace.ops.registry",
         "einspace.tree",
         "einspace.grammar",
-        "einspace.sampler",
+        "einspace.sampling.paper",
         "einspace.search.strategy",
         "einspace.search.successive_halving",
         "einspace.search.store",

@@ -17,7 +17,7 @@ from einspace.grammar import parse_grammar
 from einspace.grammar.analysis import analyse
 from einspace.grammar.learning import learn_probabilities, rule_counts, with_probabilities
 from einspace.grammar.writer import format_grammar
-from einspace.sampler import Limits
+from einspace.sampling import Limits
 from einspace.search.strategy import SearchSpace, get_strategy
 from einspace.state import input_state
 from einspace.tree import parse_tree

@@ -29,12 +29,12 @@ from einspace import (
     parse_tree,
     to_text,
 )
-from einspace import architectures as arch
 from einspace.checker import CheckedTree
 from einspace.errors import VariationError
 from einspace.grammar.model import OpItem
-from einspace.lowering import Folded, Kernel, lowered_kernels
+from einspace.network.lowering import Folded, Kernel, lowered_kernels
 from einspace.ops import _modules
+from einspace.seeds import architectures as arch
 from einspace.seeds import list_seeds, load_seed
 from einspace.state import input_state
 from einspace.testing.op_trace import OpTrace, differences

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import einspace as es
-from einspace.architectures import computation, resnet
 from einspace.errors import Infeasible
 from einspace.ops import get_op
+from einspace.seeds.architectures import computation, resnet
 from einspace.state import COL, IM, FeatureState
 
 torch.manual_seed(0)

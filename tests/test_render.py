@@ -11,8 +11,8 @@ from einspace import check_tree, input_state, load_grammar, parse_tree, sample_t
 from einspace.cli import main
 from einspace.ops.registry import Group
 from einspace.pictures import dataflow, fold, folded_text, render
+from einspace.pictures.dot import GROUP_COLOURS, NONTERMINAL_COLOUR, to_dot
 from einspace.pictures.folding import Kind, count_leaves
-from einspace.render import GROUP_COLOURS, NONTERMINAL_COLOUR, to_dot
 from einspace.seeds import list_seeds, load_seed
 from einspace.tree import Terminal, format_terminal, pretty, walk
 

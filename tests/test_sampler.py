@@ -10,7 +10,7 @@ import pytest
 from einspace import check_tree, load_grammar
 from einspace.errors import EinspaceError, SamplingError
 from einspace.grammar import parse_grammar
-from einspace.sampler import Limits, Sampler, sample_tree
+from einspace.sampling import Limits, Sampler, sample_tree
 from einspace.state import input_state
 from einspace.tree import Nonterminal, Terminal, to_text, walk
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from search_helpers import PLUGIN, experiment, history_key, where_log
+from search_helpers import PARSE_COUNTER, PLUGIN, experiment, history_key, where_log
 
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Task
@@ -69,6 +69,27 @@ def test_ray_search_completes(tmp_path, shared):
     assert summary.finished and len(history) == 40
     assert all(r.status in ("ok", "cached") for r in history)
     assert all(r.worker for r in history if r.status == "ok")
+
+
+def test_each_worker_parses_the_grammar_once(tmp_path):
+    """Twenty evaluations on two persistent workers: each parses the grammar at its first
+    evaluation and finds it cached, by content, at every later one."""
+    log = tmp_path / "log"
+    log.mkdir()
+    e = ray_experiment(
+        tmp_path,
+        strategy={"name": "random_search", "settings": {"evaluations": 20}},
+        evaluator={"name": "test_parses", "settings": {"log": str(log)}},
+        plugins=[PLUGIN, PARSE_COUNTER],
+    )
+    executor = RayExecutor(max_in_flight=2, num_cpus=0.5, plugins=[PLUGIN, PARSE_COUNTER])
+    try:
+        summary, history = run(e, executor)
+    finally:
+        executor.shutdown()
+    entries = where_log(log)
+    assert summary.finished and len(entries) == sum(r.status == "ok" for r in history) >= 10
+    assert {entry["parses"] for entry in entries} == {1}, entries
 
 
 def test_ray_search_with_successive_halving_keeps_every_slot_busy(tmp_path, shared, monkeypatch):

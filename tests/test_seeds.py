@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from einspace import check_tree, compile_network, load_grammar
-from einspace.architectures import SEEDS, conv, network, norm, seed_text, seq
 from einspace.cli import main
 from einspace.errors import EinspaceError, SeedFitError
-from einspace.sampler import Limits
+from einspace.sampling import Limits
 from einspace.seeds import list_seeds, load_seed, seed_path
+from einspace.seeds.architectures import SEEDS, conv, network, norm, seed_text, seq
 from einspace.state import input_state
 from einspace.testing.reference_models import MLPMixer, load_from, reference
 from einspace.tree import load_tree, pretty
@@ -47,7 +47,7 @@ def grammar():
 def test_bundled_seeds_are_the_builders():
     """Each seed file holds its builder's tree, as text and as the tree read back from it."""
     assert list_seeds() == sorted(SEEDS)
-    for name in SEEDS:  # on failure: python -m einspace.architectures grammars/seeds
+    for name in SEEDS:  # on failure: python -m einspace.seeds.architectures grammars/seeds
         assert seed_path(name).read_text() == seed_text(name)
         assert (SEED_DIR / f"{name}.tree").read_text() == seed_text(name)
         assert load_tree(SEED_DIR / f"{name}.tree") == SEEDS[name].build()

@@ -16,8 +16,7 @@ from einspace.evaluators.optim import build_optimizer, parameter_groups
 from einspace.evaluators.training import TrainingEvaluator
 from einspace.ops import Group, register_op, unregister_op
 from einspace.ops.core import UnaryOperation
-from einspace.state import FeatureState
-from einspace.trainable import (
+from einspace.ops.trainable import (
     NETWORK_LOSSES,
     architecture_metrics,
     architecture_parameters,
@@ -26,6 +25,7 @@ from einspace.trainable import (
     mark_architecture,
     register_network_loss,
 )
+from einspace.state import FeatureState
 
 
 class Gate(nn.Module):
@@ -161,7 +161,7 @@ def test_training_adds_weighted_terms_and_reports_them(gate_op: None) -> None:
 def test_a_network_loss_factory_s_own_type_error_is_not_reported_as_an_option(gate_op: None) -> None:
     """The registry checks options against the factory's signature; what the factory raises itself
     passes through (the same rule as for strategies and evaluators)."""
-    from einspace.trainable import build_network_loss
+    from einspace.ops.trainable import build_network_loss
 
     def broken(network: nn.Module, checked: object, scale: float = 1.0) -> None:
         raise TypeError("a bug inside the factory")

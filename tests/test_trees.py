@@ -9,7 +9,7 @@ import pytest
 from einspace import check_tree, content_hash, load_grammar, parse_tree, pretty, to_text
 from einspace.errors import EinspaceError, TreeError, TreeSyntaxError
 from einspace.ops.registry import Argument, Group, Operation, register_op, unregister_op
-from einspace.sampler import sample_tree
+from einspace.sampling import sample_tree
 from einspace.state import input_state
 from einspace.tree import (
     Nonterminal,

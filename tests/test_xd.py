@@ -10,14 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import einspace.ops.xd as xd_module
+import einspace.ops._xd_modules as xd_module
 from einspace import compile_network
-from einspace.architectures import act, computation, network, seq
 from einspace.errors import Infeasible
 from einspace.ops import get_op
-from einspace.ops.xd import XDConv, butterfly, butterfly_matrix, dft_twiddles, xd_flops, xd_parameter_count
+from einspace.ops._xd_modules import XDConv, butterfly, butterfly_matrix, dft_twiddles
+from einspace.ops.trainable import architecture_parameters
+from einspace.ops.xd import xd_flops, xd_parameter_count
+from einspace.seeds.architectures import act, computation, network, seq
 from einspace.state import COL, IM, FeatureState
-from einspace.trainable import architecture_parameters
 
 #: The (k, s, p) grid of im2col in grammars/einspace.pcfg.
 GRID = [(1, 1, 0), (1, 2, 0), (3, 1, 1), (3, 2, 1), (4, 4, 0), (8, 8, 0), (16, 16, 0)]
@@ -350,7 +351,7 @@ def test_mutation_turns_a_convolution_into_an_xd_operation_and_back():
     import random
 
     from einspace import Limits, Variation, load_grammar
-    from einspace.architectures import conv
+    from einspace.seeds.architectures import conv
     from einspace.state import input_state
 
     grammar, x = load_grammar("einspace_plus"), input_state((3, 16, 16))

@@ -13,7 +13,8 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lark import PostLex
 
-from einspace.errors import GrammarError, GrammarSyntaxError, LocatedError, Location
+from einspace.bundled import bundled_grammars, grammar_path
+from einspace.errors import EinspaceError, GrammarError, GrammarSyntaxError, LocatedError, Location
 from einspace.grammar import validate
 from einspace.grammar.compose import Change, compose
 from einspace.grammar.model import (
@@ -26,6 +27,7 @@ from einspace.grammar.model import (
     Rule,
     SymbolItem,
 )
+from einspace.ops.registry import OPERATIONS
 
 __all__ = ["load_grammar", "parse_grammar"]
 
@@ -76,19 +78,51 @@ def parse_grammar(text: str, path: str = "<string>", *, _extending: tuple[Path, 
         raise _with_source(exc, path, text) from None
 
 
+#: Grammars loaded in this process: file -> the text of every file it was composed of, the
+#: operations' `changes` when it was parsed (a plugin's operation makes a grammar valid), and the
+#: grammar. Loading a grammar again (every evaluation in a worker, every `Experiment.space()`)
+#: parses nothing while none of those files and no plugin's operation changed.
+_LOADED: dict[Path, tuple[tuple[tuple[str, str], ...], int, Grammar]] = {}
+
+
 def load_grammar(path: str | Path = "einspace", *, _extending: tuple[Path, ...] = ()) -> Grammar:
     """Read and parse a grammar file (and the files it extends), by path or by the name of a
-    bundled grammar (`einspace` = the paper's space)."""
-    from einspace.bundled import bundled_grammars, names_bundled
-
-    if names_bundled(path, bundled_grammars()):
-        path = bundled_grammars()[str(path)]
+    bundled grammar (`einspace` = the paper's space; `einspace.bundled.names_bundled` is the
+    rule). A grammar loaded before is parsed again only when one of its files changed or a
+    plugin's operation was registered or removed since."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        file = grammar_path(path)
+    except EinspaceError as exc:
+        raise GrammarError(str(exc)) from None
+    text = _read(file)
+    own = (str(file), text)
+    texts, changes, grammar = _LOADED.get(file.resolve(), ((), -1, None))
+    if (
+        grammar is not None
+        and changes == OPERATIONS.changes
+        and texts[-1] == own
+        and all(_unchanged(f, t) for f, t in texts[:-1])
+    ):
+        return grammar
+    grammar = parse_grammar(text, str(file), _extending=_extending)
+    texts = tuple((f, _read(f)) for f in grammar.files[:-1]) + (own,)
+    _LOADED[file.resolve()] = (texts, OPERATIONS.changes, grammar)
+    return grammar
+
+
+def _unchanged(path: str, text: str) -> bool:
+    try:
+        return Path(path).read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or exc
         raise GrammarError(f"cannot read grammar file {str(path)!r}: {reason}") from None
-    return parse_grammar(text, str(path), _extending=_extending)
 
 
 def _with_source(exc: LocatedError, path: str, text: str) -> LocatedError:
@@ -130,8 +164,6 @@ def _base_grammar(tree: Any, path: str, extending: tuple[Path, ...]) -> Grammar 
 def _extended_file(token: Token, path: str, here: Location) -> Path:
     """`extends "file.pcfg"`: relative to the extending file; `extends name`: `name.pcfg` beside
     the extending file if there is one, else the bundled grammar of that name."""
-    from einspace.bundled import bundled_grammars
-
     folder = Path(path).parent if path != "<string>" else Path.cwd()
     if token.type == "STRING":
         target = folder / str(token)[1:-1]

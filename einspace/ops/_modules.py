@@ -1,11 +1,33 @@
-"""The torch modules behind the core operations that torch itself lacks (tensors carry a batch axis)."""
+"""The torch modules behind the core operations (tensors carry a batch axis): those torch itself
+lacks, and the torch and einops ones the core operations build, so that `einspace.ops.core` reaches
+the torch side through this one module, imported at its first build."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from einops.layers.torch import Rearrange
 from torch import nn
+from torch.nn import BatchNorm2d, Identity, LayerNorm, LeakyReLU, Linear, Softmax
+
+__all__ = [
+    "Add",
+    "BatchNorm2d",
+    "ChannelLinear",
+    "Clone",
+    "Concat",
+    "GroupDim",
+    "Identity",
+    "Im2Col",
+    "LayerNorm",
+    "LeakyReLU",
+    "Linear",
+    "MatMul",
+    "PositionalEncoding",
+    "Rearrange",
+    "Softmax",
+]
 
 
 class Clone(nn.Module):

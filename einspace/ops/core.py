@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from einops.layers.torch import Rearrange
-from torch import nn
-
-from einspace.ops import _modules
-from einspace.ops.registry import Argument, Group, Operation, infeasible, register_op
+from einspace.ops.registry import Argument, Group, Operation, infeasible, register_op, torch_side
 from einspace.state import COL, IM, RANK_OF_MODE, FeatureState, Signal, describe
+
+if TYPE_CHECKING:
+    from torch import nn
+
+#: The modules these operations build, imported at the first build (sampling and checking need
+#: only the shape rules below, and do not load torch).
+_modules = torch_side("einspace.ops._modules")
 
 
 def _at_least(low: int) -> Callable[[int], str | None]:
@@ -260,7 +263,7 @@ class Identity(UnaryOperation):
     group = Group.ROUTING
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
-        return nn.Identity()
+        return _modules.Identity()
 
 
 def _im2col_out(state: FeatureState, k: int, s: int, p: int) -> tuple[int, int]:
@@ -322,7 +325,7 @@ class Col2Im(UnaryOperation):
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         h, w = state.folds[-1]
-        return Rearrange("b (h w) d -> b d h w", h=h, w=w)
+        return _modules.Rearrange("b (h w) d -> b d h w", h=h, w=w)
 
     def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
         return (IM, 1) if b == 1 and mode == COL else None
@@ -347,7 +350,7 @@ class Permute(UnaryOperation):
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         axes = [f"a{i}" for i in range(1, len(state.shape) + 1)]
         target = " ".join(axes[i - 1] for i in args["order"])
-        return Rearrange(f"b {' '.join(axes)} -> b {target}")
+        return _modules.Rearrange(f"b {' '.join(axes)} -> b {target}")
 
     def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
         return (mode, 1) if b == 1 and len(args["order"]) == RANK_OF_MODE[mode] else None
@@ -382,7 +385,7 @@ class Linear(UnaryOperation):
         return state._replace(shape=shape)
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
-        layer = nn.Linear if state.mode == COL else _modules.ChannelLinear
+        layer = _modules.Linear if state.mode == COL else _modules.ChannelLinear
         return layer(_features(state), args["d"])
 
     def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
@@ -404,7 +407,7 @@ class Norm(UnaryOperation):
     group = Group.COMPUTATION
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
-        return (nn.LayerNorm if state.mode == COL else nn.BatchNorm2d)(_features(state))
+        return (_modules.LayerNorm if state.mode == COL else _modules.BatchNorm2d)(_features(state))
 
     def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
         return 2 * _features(state)
@@ -421,7 +424,7 @@ class LeakyReLU(UnaryOperation):
     group = Group.COMPUTATION
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
-        return nn.LeakyReLU(0.01)
+        return _modules.LeakyReLU(0.01)
 
     def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
         return _numel(state)
@@ -435,7 +438,7 @@ class Softmax(UnaryOperation):
     group = Group.COMPUTATION
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
-        return nn.Softmax(dim=-1)
+        return _modules.Softmax(dim=-1)
 
     def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
         return 3 * _numel(state)

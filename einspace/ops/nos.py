@@ -28,21 +28,26 @@ FLOPs per sample (a multiply-add counts 2, as in core): convolutions 2·in·out�
 BatchNorm 4 and softmax 3 per element, ReLU and sigmoid 1, average pool 1 per input element;
 the calibration itself 2 per element of F (product and sum); the depth-wise filter 2·k² per
 element of F.
+
+The operations' shape rules and counts are here, without torch; the generators and the
+calibration module are in `einspace.ops._nos_modules`, imported when the first is built.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from einspace.ops.core import UnaryOperation
-from einspace.ops.registry import Argument, Group, Operation, infeasible, register_op
+from einspace.ops.registry import Argument, Group, Operation, infeasible, register_op, torch_side
 from einspace.state import IM, FeatureState, Signal, describe
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["CHANNEL_ATTENTION", "DYNAMIC_KERNEL", "SPATIAL_ATTENTION", "GeneratorKind"]
 
 
 def _odd(value: int) -> str | None:
@@ -52,135 +57,57 @@ def _odd(value: int) -> str | None:
 _K = Argument("k", int, _odd, "kernel size of the dynamic convolution")
 
 
-# ---------------------------------------------------------------- the generators
+# ---------------------------------------------------------------- the generators' counts
 
 
-def _conv1x1(c_in: int, c_out: int) -> nn.Conv2d:
-    return nn.Conv2d(c_in, c_out, 1, bias=False)
+@dataclass(frozen=True)
+class GeneratorKind:
+    """What the operations need of a kind of generator, without building it: the module that
+    generates (in `einspace.ops._nos_modules`), its channel reduction, whether the generator must
+    have the features' resolution, and its analytic parameter and FLOP counts (of generating,
+    not applying, the calibration; c_f, c_g the features' and generator's channels, r the reduced
+    width, hw the generator's H·W)."""
 
-
-class _Generator(nn.Module):
-    """What a calibration kind needs besides its forward: its reduction, whether the generator
-    must have the features' resolution, and its analytic parameter and FLOP counts."""
-
+    module: str
     reduction: int
-    same_resolution: bool = False
-
-    @staticmethod
-    def param_count(c_f: int, c_g: int, r: int, args: Mapping[str, Any]) -> int:
-        raise NotImplementedError
-
-    @staticmethod
-    def flop_count(c_f: int, c_g: int, r: int, hw: int, args: Mapping[str, Any]) -> int:
-        """FLOPs of generating (not applying) the calibration; hw = the generator's H·W."""
-        raise NotImplementedError
+    same_resolution: bool
+    param_count: Callable[[int, int, int, Mapping[str, Any]], int]
+    flop_count: Callable[[int, int, int, int, Mapping[str, Any]], int]
 
 
-class ChannelAttention(_Generator):
-    """A(G) of shape (N, C_f, 1, 1), in (0, 1)."""
-
-    reduction = 16
-
-    def __init__(self, c_features: int, c_generator: int, args: Mapping[str, Any]):
-        super().__init__()
-        hidden = c_generator // self.reduction
-        self.reduce = _conv1x1(c_generator, hidden)
-        self.expand = _conv1x1(hidden, c_features)
-
-    def forward(self, g: torch.Tensor) -> torch.Tensor:
-        pooled = g.mean(dim=(2, 3), keepdim=True)
-        return torch.sigmoid(self.expand(F.relu(self.reduce(pooled))))
-
-    @staticmethod
-    def param_count(c_f: int, c_g: int, r: int, args: Mapping[str, Any]) -> int:
-        return c_g * r + r * c_f
-
-    @staticmethod
-    def flop_count(c_f: int, c_g: int, r: int, hw: int, args: Mapping[str, Any]) -> int:
-        return c_g * hw + 2 * c_g * r + r + 2 * r * c_f + c_f
+def _dynamic_flops(c_f: int, c_g: int, r: int, hw: int, args: Mapping[str, Any]) -> int:
+    k2 = args["k"] ** 2
+    per_position = 2 * c_g * r + 5 * r + 2 * c_g * k2 + 3 * k2 + 2 * r * k2
+    return per_position * hw + 2 * r * c_f * k2 + 3 * c_f * k2
 
 
-class SpatialAttention(_Generator):
-    """A(G) of shape (N, 1, H, W), in (0, 1)."""
+#: A(G) of shape (N, C_f, 1, 1), in (0, 1).
+CHANNEL_ATTENTION = GeneratorKind(
+    "ChannelAttention",
+    16,
+    False,
+    lambda c_f, c_g, r, args: c_g * r + r * c_f,
+    lambda c_f, c_g, r, hw, args: c_g * hw + 2 * c_g * r + r + 2 * r * c_f + c_f,
+)
+#: A(G) of shape (N, 1, H, W), in (0, 1).
+SPATIAL_ATTENTION = GeneratorKind(
+    "SpatialAttention",
+    16,
+    True,
+    lambda c_f, c_g, r, args: c_g * r + 2 * r + 9 * r,
+    lambda c_f, c_g, r, hw, args: (2 * c_g * r + 5 * r + 18 * r + 1) * hw,
+)
+#: D(G) of shape (N, C_f, k, k): per sample and channel, positive taps that sum to 1.
+DYNAMIC_KERNEL = GeneratorKind(
+    "DynamicKernel",
+    8,
+    False,
+    lambda c_f, c_g, r, args: c_g * r + 2 * r + c_g * args["k"] ** 2 + r * c_f,
+    _dynamic_flops,
+)
 
-    reduction = 16
-    same_resolution = True
-
-    def __init__(self, c_features: int, c_generator: int, args: Mapping[str, Any]):
-        super().__init__()
-        hidden = c_generator // self.reduction
-        self.reduce = _conv1x1(c_generator, hidden)
-        self.norm = nn.BatchNorm2d(hidden)
-        self.spatial = nn.Conv2d(hidden, 1, 3, padding=1, bias=False)
-
-    def forward(self, g: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.spatial(F.relu(self.norm(self.reduce(g)))))
-
-    @staticmethod
-    def param_count(c_f: int, c_g: int, r: int, args: Mapping[str, Any]) -> int:
-        return c_g * r + 2 * r + 9 * r
-
-    @staticmethod
-    def flop_count(c_f: int, c_g: int, r: int, hw: int, args: Mapping[str, Any]) -> int:
-        return (2 * c_g * r + 5 * r + 18 * r + 1) * hw
-
-
-class DynamicKernel(_Generator):
-    """D(G) of shape (N, C_f, k, k): per sample and channel, positive taps that sum to 1."""
-
-    reduction = 8
-
-    def __init__(self, c_features: int, c_generator: int, args: Mapping[str, Any]):
-        super().__init__()
-        hidden = c_generator // self.reduction
-        self.k = args["k"]
-        self.values = _conv1x1(c_generator, hidden)
-        self.norm = nn.BatchNorm2d(hidden)
-        self.taps = _conv1x1(c_generator, self.k**2)
-        self.expand = _conv1x1(hidden, c_features)
-
-    def forward(self, g: torch.Tensor) -> torch.Tensor:
-        u = F.relu(self.norm(self.values(g))).flatten(2)  # (N, C', HW)
-        m = torch.softmax(self.taps(g).flatten(2), dim=-1)  # (N, k², HW)
-        pooled = torch.bmm(u, m.transpose(1, 2))  # (N, C', k²)
-        kernel = self.expand(pooled.unflatten(2, (self.k, self.k)))  # (N, C_f, k, k)
-        return torch.softmax(kernel.flatten(2), dim=-1).unflatten(2, (self.k, self.k))
-
-    @staticmethod
-    def param_count(c_f: int, c_g: int, r: int, args: Mapping[str, Any]) -> int:
-        return c_g * r + 2 * r + c_g * args["k"] ** 2 + r * c_f
-
-    @staticmethod
-    def flop_count(c_f: int, c_g: int, r: int, hw: int, args: Mapping[str, Any]) -> int:
-        k2 = args["k"] ** 2
-        per_position = 2 * c_g * r + 5 * r + 2 * c_g * k2 + 3 * k2 + 2 * r * k2
-        return per_position * hw + 2 * r * c_f * k2 + 3 * c_f * k2
-
-
-def _depthwise(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """Filter each channel of each sample with its own kernel (N, C, k, k), same size out."""
-    n, c, h, w = x.shape
-    k = kernel.shape[-1]
-    out = F.conv2d(x.reshape(1, n * c, h, w), kernel.reshape(n * c, 1, k, k), padding=k // 2, groups=n * c)
-    return out.reshape(n, c, h, w)
-
-
-class Calibration(nn.Module):
-    """F + F · A(G) for attention generators, F + F ⊛ D(G) for dynamic kernels.
-
-    Called with one tensor (the unary form, G = F) or with the list [F, G] (the aggregation).
-    """
-
-    def __init__(self, generator: _Generator):
-        super().__init__()
-        self.generator = generator
-
-    def forward(self, inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
-        f, g = (inputs, inputs) if isinstance(inputs, torch.Tensor) else inputs
-        made = self.generator(g)
-        if isinstance(self.generator, DynamicKernel):
-            return f + _depthwise(f, made)
-        return f + f * made
+#: The generators and the calibration, imported at the first build.
+_modules = torch_side("einspace.ops._nos_modules")
 
 
 # ---------------------------------------------------------------- what the operations share
@@ -190,7 +117,7 @@ class _Calibrating:
     """Checks and counts for one generator class, shared by the unary and the two-branch form."""
 
     name: str
-    generator: type[_Generator]
+    generator: GeneratorKind
 
     def _check(self, f: FeatureState, g: FeatureState) -> None:
         """Infeasible unless both are images, the reduced width is >= 1 and the shapes meet."""
@@ -208,7 +135,8 @@ class _Calibrating:
 
     def _module(self, f: FeatureState, g: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         self._check(f, g)
-        return Calibration(self.generator(f.shape[0], g.shape[0], args))
+        generator = getattr(_modules, self.generator.module)(f.shape[0], g.shape[0], args)
+        return _modules.Calibration(generator)
 
     def _params(self, f: FeatureState, g: FeatureState, args: Mapping[str, Any]) -> int:
         self._check(f, g)
@@ -280,9 +208,9 @@ class _CalibratingCombination(_Calibrating, Operation):
 
 #: (unary name, two-branch name, generator, arguments, what it is, how it calibrates).
 _TABLE = (
-    ("channel_attention", "channel_calibrate", ChannelAttention, (), "channel attention (r = 16)", "·A"),
-    ("spatial_attention", "spatial_calibrate", SpatialAttention, (), "spatial attention (r = 16)", "·A"),
-    ("dynamic_conv", "dynamic_calibrate", DynamicKernel, (_K,), "dynamic convolution (r = 8)", " ⊛ D"),
+    ("channel_attention", "channel_calibrate", CHANNEL_ATTENTION, (), "channel attention (r = 16)", "·A"),
+    ("spatial_attention", "spatial_calibrate", SPATIAL_ATTENTION, (), "spatial attention (r = 16)", "·A"),
+    ("dynamic_conv", "dynamic_calibrate", DYNAMIC_KERNEL, (_K,), "dynamic convolution (r = 8)", " ⊛ D"),
 )
 
 for _unary, _combination, _generator, _arguments, _what, _by in _TABLE:

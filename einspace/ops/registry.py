@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -104,11 +107,42 @@ class Operation:
         return f"<operation {self.name} ({self.group.value})>"
 
 
-#: Every operation by name; the modules of the built-in ones register them when first needed.
+#: The built-in operations by the module that registers them. A look-up imports only the module of
+#: the name looked up: sampling and checking a tree of the paper's operations import `core` alone,
+#: whose modules are built through `torch_side`, so they never load torch (tests/test_layout.py
+#: checks this table against the modules).
+BUILTIN_OPERATIONS = {
+    "einspace.ops.core": (
+        "add",
+        "clone",
+        "col2im",
+        "concat",
+        "group_dim",
+        "identity",
+        "im2col",
+        "leaky_relu",
+        "linear",
+        "matmul",
+        "norm",
+        "permute",
+        "pos_enc",
+        "softmax",
+    ),
+    "einspace.ops.dnarch": ("dnarch_depth", "dnarch_kernel", "dnarch_resolution", "dnarch_width"),
+    "einspace.ops.nos": (
+        "channel_attention",
+        "channel_calibrate",
+        "dynamic_calibrate",
+        "dynamic_conv",
+        "spatial_attention",
+        "spatial_calibrate",
+    ),
+    "einspace.ops.xd": ("xd",),
+}
+
+#: Every operation by name.
 OPERATIONS: Registry[Operation] = Registry(
-    "operation",
-    builtins=("einspace.ops.core", "einspace.ops.dnarch", "einspace.ops.nos", "einspace.ops.xd"),
-    unknown_error=UnknownOperationError,
+    "operation", builtins=BUILTIN_OPERATIONS, unknown_error=UnknownOperationError
 )
 
 
@@ -171,3 +205,22 @@ def canonical_args(op: Operation, given: Mapping[str, Any]) -> Args:
 def infeasible(reason: str) -> Infeasible:
     """Shorthand used by operations: `raise infeasible("kernel 16 larger than 8x8 input")`."""
     return Infeasible(reason)
+
+
+def torch_side(name: str) -> ModuleType:
+    """The module `name` (the torch modules an operation builds), executed at its first attribute
+    access rather than now: an operation's shape rule, which sampling, checking and the search
+    strategies use, then costs no torch import; only `build` does."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise EinspaceError(f"no module {name!r}")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], child, module)
+    return module

@@ -53,7 +53,8 @@ def verify_operations(
     """The problems `verify_operation` finds in every distinct operation use of `trees` trees
     sampled within CPU-sized limits (20 deep, 300 nodes, 5M parameters)."""
     from einspace.checker import check_tree
-    from einspace.sampler import Limits, Sampler
+    from einspace.sampling.base import Limits
+    from einspace.sampling.paper import Sampler
     from einspace.tree import Terminal, walk
 
     limits = Limits(max_depth=20, max_nodes=300, max_params=5_000_000)

@@ -16,8 +16,8 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 from einspace.checker import CheckedTree
 from einspace.ops.registry import Group
 from einspace.pictures.dataflow import dataflow
+from einspace.pictures.dot import GROUP_COLOURS, NONTERMINAL_COLOUR
 from einspace.pictures.folding import Folding, Kind, View, count_leaves, fold
-from einspace.render import GROUP_COLOURS, NONTERMINAL_COLOUR
 
 __all__ = ["FOLDED_COLOUR", "graph_figure", "tree_figure"]
 

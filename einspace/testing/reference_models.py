@@ -2,7 +2,7 @@
 
 Each is what one would write by hand with the usual modules (`nn.Conv2d`, one qkv projection and
 `F.scaled_dot_product_attention`, `torch.cat`, ...) for exactly the architecture its builder in
-`einspace.architectures` writes as a tree: same layers, widths, strides, biases (a grammar
+`einspace.seeds.architectures` writes as a tree: same layers, widths, strides, biases (a grammar
 `linear` has one, so every convolution does), activation (leaky ReLU, slope 0.01, the grammar's
 only one), normalisations and head (mean over space or tokens, then a linear layer). So a
 reference has the compiled seed's parameter count, and after `load_from(reference, network)` it

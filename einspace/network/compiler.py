@@ -8,7 +8,7 @@ from torch import nn
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError
 from einspace.grammar.model import Grammar
-from einspace.lowering import lower as lower_modules
+from einspace.network.lowering import lower as lower_modules
 from einspace.ops.registry import get_op
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal, TreeVisitor
@@ -96,7 +96,7 @@ def compile_backbone(
     """The module a tree describes (checked first; a TreeError names a node that doesn't fit).
 
     `lower` swaps recognised runs of operations for fast kernels with the same parameters and
-    results (einspace.lowering); `lower=False` runs every operation literally.
+    results (einspace.network.lowering); `lower=False` runs every operation literally.
     """
     checked = tree if isinstance(tree, CheckedTree) else check_tree(tree, grammar, _need(input))
     return _build(checked, lower)

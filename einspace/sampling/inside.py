@@ -1,6 +1,6 @@
 """Inside probabilities over abstract signals: how likely each symbol derives each output structure.
 
-The exact sampling mode (`einspace.exact_sampler`) draws a tree's *structure* from these tables.
+The exact sampling mode (`einspace.sampling.exact`) draws a tree's *structure* from these tables.
 An abstract signal is the mode of each branch, e.g. `("im",)` or `("im", "col")`: it is what the
 guards read (mode, b and rank, the rank following from the mode) and what each operation's
 `abstract(mode, b, args)` contract maps. For a symbol, an abstract input and a height h, the tables

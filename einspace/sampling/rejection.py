@@ -14,7 +14,7 @@ from collections import Counter
 from einspace.errors import Infeasible, SamplingError
 from einspace.grammar.model import Item, OpItem, ParallelItem, SymbolItem
 from einspace.ops.registry import get_op
-from einspace.sampler import SamplerBase, cyclic_gc_paused
+from einspace.sampling.base import SamplerBase, cyclic_gc_paused
 from einspace.state import Signal, describe
 from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal
 

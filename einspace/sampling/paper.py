@@ -14,21 +14,19 @@ message. Nothing waits on a clock and nothing runs a network.
 
 Renormalising locally and backtracking make this distribution differ from the grammar's
 conditioned on validity (it favours larger trees: `benchmarks/sampling.py` measures by how much);
-`einspace.exact_sampler` is the mode that draws from the latter.
+`einspace.sampling.exact` is the mode that draws from the latter.
 """
 
 from __future__ import annotations
 
-import gc
-import random
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
-from einspace.errors import EinspaceError, Infeasible, SamplingError
+from einspace.errors import Infeasible, SamplingError
 from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, RepeatItem, SymbolItem
 from einspace.ops.registry import get_op
-from einspace.state import FeatureState, Signal, describe
+from einspace.sampling.base import SamplerBase, cyclic_gc_paused
+from einspace.state import Signal, describe
 from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, tree_depth
 
 _INF = float("inf")
@@ -47,32 +45,6 @@ _CACHE_LIMIT = 20_000
 Derivation = tuple[Node, Signal, int, int]
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on sampled trees. Depth counts non-terminal levels; nodes count terminals and
-    non-terminals; the parameter budget uses the operations' analytic counts.
-
-    `max_steps` bounds the paper mode's backtracking per attempt and `max_attempts` its restarts;
-    the exact mode gives up after `max_attempts` x 100 rejected drafts (`einspace.exact_sampler`).
-    """
-
-    max_depth: int = 40
-    max_nodes: int = 2000
-    min_depth: int = 0
-    max_params: int | None = None
-    max_steps: int = 20_000
-    max_attempts: int = 100
-
-    def __post_init__(self) -> None:
-        for name in ("max_depth", "max_nodes", "max_steps", "max_attempts"):
-            if getattr(self, name) < 1:
-                raise EinspaceError(f"limit {name} must be at least 1, got {getattr(self, name)}")
-        if self.min_depth > self.max_depth:
-            raise EinspaceError(f"min_depth {self.min_depth} exceeds max_depth {self.max_depth}")
-        if self.max_params is not None and self.max_params < 0:
-            raise EinspaceError(f"max_params must be non-negative, got {self.max_params}")
-
-
 class _OutOfSteps(Exception):
     """Internal: the current attempt used up its step budget."""
 
@@ -86,31 +58,6 @@ class _Alt:
     min_nodes: int
     min_height: int
     reserve: tuple[int, ...]  # reserve[k]: minimum nodes the items after k still need
-
-
-class SamplerBase:
-    """What every sampling mode takes: a grammar, the input, the limits and a random stream
-    (`rng`, or one seeded by `random_seed`); subclasses implement `sample()`."""
-
-    def __init__(
-        self,
-        grammar: Grammar,
-        input: FeatureState | Signal,
-        limits: Limits | None = None,
-        random_seed: int | None = None,
-        rng: random.Random | None = None,
-    ):
-        self.grammar = grammar
-        self.input: Signal = (input,) if isinstance(input, FeatureState) else tuple(input)
-        self.limits = limits or Limits()
-        self.rng = rng if rng is not None else random.Random(random_seed)
-        self._setup()
-
-    def _setup(self) -> None:
-        """What a mode prepares once from the grammar, input and limits (tables, counters)."""
-
-    def sample(self) -> Node:
-        raise NotImplementedError
 
 
 class Sampler(SamplerBase):
@@ -328,20 +275,6 @@ class Sampler(SamplerBase):
         return _Alt(probability, items, sum(sizes), max(heights, default=0), reserve)
 
 
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector. Sampling and mutation allocate many small
-    tuples and create no reference cycles, yet the collector would walk the caches again and
-    again (measured: half the sampling time, single pauses of seconds)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
-
-
 def _item_minimum(item: Item, symbol: dict[str, float], op: int, combine) -> float:
     """The least of a measure an item can have, given each symbol's: nodes (op 1, parallel
     branches summed) or non-terminal height (op 0, parallel branches by their maximum)."""
@@ -379,16 +312,3 @@ def _minimum_sizes(grammar: Grammar) -> tuple[dict[str, float], dict[str, float]
                 if h < height[rule.symbol]:
                     height[rule.symbol], changed = h, True
     return nodes, height
-
-
-def sample_tree(
-    grammar: Grammar,
-    input: FeatureState | Signal,
-    random_seed: int | None = None,
-    limits: Limits | None = None,
-    sampling: str = "paper",
-) -> Node:
-    """One tree from a sampler of the given mode (`einspace.sampling`: `paper` or `exact`)."""
-    from einspace.sampling import make_sampler  # imported here: the exact mode builds on this module
-
-    return make_sampler(grammar, input, limits, sampling, random_seed).sample()

@@ -181,7 +181,7 @@ class BranchLinear(Kernel):
 
     @property
     def linears(self) -> tuple[nn.Linear, ...]:
-        """The branches' linears, in branch order (einspace.export writes them out)."""
+        """The branches' linears, in branch order (einspace.network.export writes them out)."""
         return self._linears
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -243,7 +243,7 @@ class Attention(Kernel):
 
     @property
     def heads(self) -> tuple[AttentionHead, ...]:
-        """The heads' parts, in branch order (einspace.export writes them out)."""
+        """The heads' parts, in branch order (einspace.network.export writes them out)."""
         return self._heads
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -149,7 +149,7 @@ class _NamedFactory:
 
 
 #: The operation modules that define network losses (DNArch's complexity).
-NETWORK_LOSSES: Registry[_NamedFactory] = Registry("network loss", builtins=("einspace.ops.dnarch",))
+NETWORK_LOSSES: Registry[_NamedFactory] = Registry("network loss", builtins=("einspace.ops._dnarch_modules",))
 
 
 def register_network_loss(name: str) -> Callable[[NetworkLossFactory], NetworkLossFactory]:

@@ -7,7 +7,8 @@ import random
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import TreeError, VariationError
 from einspace.grammar.model import Grammar
-from einspace.sampler import Limits, Sampler, cyclic_gc_paused
+from einspace.sampling.base import Limits, cyclic_gc_paused
+from einspace.sampling.paper import Sampler
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Nonterminal, Path_, node_at, replace_at, walk, walk_depths
 

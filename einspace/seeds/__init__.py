@@ -13,6 +13,7 @@ from einspace.bundled import bundled_files, resolve
 from einspace.checker import check_tree
 from einspace.errors import SeedFitError, TreeError
 from einspace.grammar.model import Grammar
+from einspace.grammar.parser import load_grammar
 from einspace.state import FeatureState, Signal, describe
 from einspace.tree import Node, load_tree, read_text_file
 
@@ -55,9 +56,7 @@ def load_seed(name_or_path: str | Path, grammar: Grammar | str | None, input: Fe
     """
     path = seed_path(name_or_path)
     if isinstance(grammar, str):
-        from einspace.bundled import load
-
-        grammar = load(grammar)
+        grammar = load_grammar(grammar)
     tree = load_tree(path)
     try:
         check_tree(tree, grammar, input)

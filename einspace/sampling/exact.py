@@ -5,7 +5,7 @@ probability (the product of its alternatives' probabilities and, per operation, 
 argument grid). How each limit and constraint is met:
 
 - guards, modes, branch counts and the operations' `abstract` contracts, and `max_depth`: exactly,
-  by drawing top-down from inside probabilities (`einspace.inside`): each alternative, the modes
+  by drawing top-down from inside probabilities (`einspace.sampling.inside`): each alternative, the modes
   between its items and each argument are drawn with the probability that the derivations through
   them complete, so a draft never reaches a dead end of these kinds;
 - shapes (an `add` of unequal branches, a kernel larger than its input, a `col2im` whose sequence
@@ -27,9 +27,9 @@ from itertools import accumulate
 
 from einspace.errors import Infeasible, SamplingError
 from einspace.grammar.model import Item, OpItem, ParallelItem, SymbolItem
-from einspace.inside import AbstractSignal, InsideTables, abstract_of, inside_tables
 from einspace.ops.registry import Args, get_op
-from einspace.sampler import SamplerBase, cyclic_gc_paused
+from einspace.sampling.base import SamplerBase, cyclic_gc_paused
+from einspace.sampling.inside import AbstractSignal, InsideTables, abstract_of, inside_tables
 from einspace.state import RANK_OF_MODE, Signal, describe
 from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, tree_depth
 

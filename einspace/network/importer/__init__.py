@@ -1,0 +1,138 @@
+"""Import a PyTorch model, traced with torch.fx, as a derivation tree that computes the same function.
+
+The importer by concern: `graph` reads the traced model (values, dominators, source lines);
+`converter` builds the tree from the outputs back to the input, with `layers` (one-input
+operations and layers with weights) and `joins` (branching modules, attention); `pieces` holds
+what the tree is built from, and `weights` the model's weights in the compiled tree. How the
+import works is told in `converter`'s docstring.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from einspace.checker import check_tree
+from einspace.errors import EinspaceError, TreeError
+from einspace.grammar.model import Grammar
+from einspace.grammar.parser import load_grammar
+from einspace.network.compiler import compile_backbone, compile_network
+from einspace.network.importer.converter import Converter
+from einspace.network.importer.graph import ModelImportError
+from einspace.network.importer.weights import transferred_state
+from einspace.state import FeatureState
+from einspace.tree import Node, pretty
+
+__all__ = ["ImportedModel", "ModelImportError", "import_model", "load_factory"]
+
+
+@dataclass(frozen=True)
+class ImportedModel:
+    """The derivation tree of a model's backbone, its head's classes (None when it has no head of
+    the paper's form), a state_dict with its weights for `compile_network(tree, input, classes)`
+    (or `compile_backbone` without a head), and the substitutions made, each located."""
+
+    tree: Node
+    input: FeatureState
+    classes: int | None
+    state_dict: dict[str, torch.Tensor]
+    substitutions: tuple[str, ...]
+
+    def tree_file(self, origin: str) -> str:
+        """The tree in a file's bracket form, after a `#` header: where it came from, its size and
+        what was substituted."""
+        checked = check_tree(self.tree, None, self.input)
+        head = f"+ a head for {self.classes} classes" if self.classes else "no head"
+        lines = [
+            f"Imported by `{origin}`.",
+            f"At {self.input}: {checked.params:,} backbone parameters ({head}).",
+            *(f"substituted: {line}" for s in self.substitutions for line in s.splitlines()),
+        ]
+        return "".join(f"# {line}\n" for line in lines) + pretty(self.tree) + "\n"
+
+    def network(self, grammar: Grammar | None = None) -> nn.Module:
+        """The compiled network with the model's weights."""
+        if self.classes is None:
+            built = compile_backbone(self.tree, self.input, grammar)
+        else:
+            built = compile_network(self.tree, self.input, self.classes, grammar)
+        built.load_state_dict(self.state_dict)
+        return built
+
+
+def load_factory(spec: str) -> nn.Module:
+    """`MODULE:FACTORY` called without arguments: the model. MODULE is a .py file, or a module
+    importable from the current directory or the installed packages."""
+    module_name, _, factory_name = spec.rpartition(":")
+    if not module_name or not factory_name:
+        raise EinspaceError(f"{spec!r}: give the model as MODULE:FACTORY, e.g. my_models.py:ResNet18")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            found = importlib.util.spec_from_file_location(f"einspace_model_{path.stem}", path)
+            if not path.is_file() or found is None or found.loader is None:
+                raise EinspaceError(f"{spec!r}: no file {module_name}")
+            module = importlib.util.module_from_spec(found)
+            sys.modules[found.name] = module  # its own name: classes defined there can find it
+            found.loader.exec_module(module)
+        else:
+            if str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(module_name)
+    except EinspaceError:
+        raise
+    except Exception as exc:  # the user's module may fail in any way while it loads
+        raise EinspaceError(f"{spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise EinspaceError(f"{spec!r}: {module_name} has no callable {factory_name!r}")
+    try:
+        model = factory()
+    except Exception as exc:  # e.g. a factory that needs arguments
+        raise EinspaceError(f"{spec!r}: {factory_name}() failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise EinspaceError(f"{spec!r}: {factory_name}() returned a {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def import_model(
+    model: nn.Module,
+    input: FeatureState,
+    grammar: Grammar | str = "einspace",
+    *,
+    substitute: bool = False,
+) -> ImportedModel:
+    """The tree of `grammar` (built with the paper's grammar symbols, then checked against it
+    for `input`) that computes what `model` computes, with the model's weights.
+
+    Raises ModelImportError for anything the grammar cannot express; with `substitute` the
+    closest expressible operations are used instead and listed in `substitutions`.
+    """
+    grammar = load_grammar(grammar) if isinstance(grammar, str) else grammar
+    converter = Converter(model, input, grammar)
+    tree, entries, head = converter.convert()
+    made = converter.report()
+    if made and not substitute:
+        raise ModelImportError(
+            f"grammar {grammar.path} cannot express {len(made)} kind(s) of operation of the model:\n"
+            + "\n".join(made)
+            + "\nimport with substitute=True (`einspace import-model --substitute`) to use these substitutes"
+        )
+    try:
+        check_tree(tree, grammar, input)
+    except TreeError as exc:
+        raise ModelImportError(
+            f"the imported tree does not fit grammar {grammar.path} at input {input}: {exc}"
+        ) from None
+    classes = None if head is None else head.out_features
+    state, mismatched = transferred_state(tree, input, classes, entries, head)
+    notes = [
+        f"weights of {name} not transferred: their shape changed with a substitution" for name in mismatched
+    ]
+    return ImportedModel(tree, input, classes, state, (*made, *notes))

@@ -1,0 +1,269 @@
+"""Import: a PyTorch model, traced with torch.fx, as a derivation tree that computes the same function.
+
+The traced graph is turned into the grammar's modules from its outputs back to its input. A
+value computed by one operation from one tensor extends a sequence; an operation that joins
+several (`+`, `torch.cat`, `@`) is a branching module whose branches start where the joined
+values part (the operation's immediate dominator) and are cloned there. Layers become the
+grammar's operations (`nn.Conv2d` is im2col · linear · col2im, `nn.Linear` a linear, norms,
+leaky ReLU, softmax, a learnt tensor added a positional encoding), and
+`F.scaled_dot_product_attention` with its projections becomes attention heads. The trailing
+mean over space (or tokens) and linear layer are the paper's classification head.
+
+Reshapes and permutes are recognised by what they do, not by how they are written: each run of
+them is applied to a tensor of indices, and the result is compared with the grammar's routings
+(a permute of the feature axes, image to tokens, tokens to image); the same trick finds which
+rows of a projection (one qkv linear, or three) feed which attention head. The graph, its
+values on an example input and the source line of each node come from `einspace.network.importer.graph`.
+
+Whatever the grammar cannot express (a max-pool, GELU, a kernel or width off its grid) is a
+`ModelImportError` at the model's source line, naming the module and the closest expressible
+substitute; with `substitute=True` the substitutes are used and listed. Weights transfer
+wherever the layer keeps its shape; substituted layers start from a fresh initialisation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from einspace.grammar.model import Grammar, OpItem, ParallelItem, RepeatItem
+from einspace.network.importer.graph import TracedModel, target_name
+from einspace.network.importer.joins import JoinRules
+from einspace.network.importer.layers import LayerRules
+from einspace.network.importer.pieces import Entry, Piece, Route, cancel, common_owner, partner, sequence
+from einspace.seeds import architectures as arch
+from einspace.state import FeatureState
+from einspace.tree import Node, Terminal, format_terminal
+
+__all__ = ["Converter", "grammar_grid"]
+
+_HEAD_POOLS = {"mean", "flatten", "view", "reshape", "squeeze"}
+
+
+class Converter(LayerRules, JoinRules, TracedModel):
+    """A traced model and the tree of the grammar built from it: the whole model, chains from an
+    output back to its source, layouts and routing modules here; layers in `LayerRules`, joins in
+    `JoinRules`."""
+
+    def __init__(self, model: nn.Module, input: FeatureState, grammar: Grammar):
+        super().__init__(model, input)
+        self.grammar = grammar
+        self.grid = grammar_grid(grammar)
+        self.substitutions: dict[tuple[str, str], list[fx.Node]] = {}
+        self.used: dict[str, fx.Node] = {}
+
+    def substituted(self, node: fx.Node, what: str, substitute: str) -> None:
+        """Something the grammar cannot express, with the substitute used in its place."""
+        self.substitutions.setdefault((what, substitute), []).append(node)
+
+    def report(self) -> list[str]:
+        """One entry per kind of substitution, in the model's order: the first place with its
+        source line, the others by file:line:col."""
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        out = []
+        for (what, substitute), nodes in sorted(
+            self.substitutions.items(), key=lambda i: min(map(order.get, i[1]))
+        ):
+            first, *others = sorted(nodes, key=order.get)
+            places = list(dict.fromkeys(self.where(n).partition(": ")[0] for n in others))
+            also = f"\n  (also at {', '.join(places)})" if places else ""
+            out.append(
+                f"{self.where(first)}\n  {what} is not in grammar {self.grammar.path}; "
+                f"closest expressible: {substitute}{also}"
+            )
+        return out
+
+    def use(self, node: fx.Node) -> None:
+        """A module with weights goes into the tree once: a second call would share weights."""
+        if node.op != "call_module" or not any(True for _ in self.modules[node.target].parameters()):
+            return
+        if node.target in self.used:
+            first = self.used[node.target]
+            why = "called twice" if first is not node else "needed by several branches"
+            raise self.fail(
+                node,
+                f"module `{node.target}` is {why}: its weights would be shared, and the grammar's "
+                "modules each have their own",
+            )
+        self.used[node.target] = node
+
+    def terminal(self, node: fx.Node, name: str, **args: Any) -> Terminal:
+        """The operation call, which the grammar must allow somewhere with these arguments."""
+        if name not in self.grid:
+            raise self.fail(node, f"the grammar {self.grammar.path} has no operation {name}")
+        call = arch.op(name, **args)
+        if call.args not in self.grid[name]:
+            allowed = " | ".join(format_terminal(Terminal(name, a)) for a in sorted(self.grid[name], key=str))
+            raise self.fail(
+                node, f"{format_terminal(call)} is not in the grammar's grid, which has {allowed}"
+            )
+        return call
+
+    # ------------------------------------------------------------- the whole model
+
+    def convert(self) -> tuple[Node, tuple[Entry, ...], nn.Linear | None]:
+        (output,) = (n for n in self.graph.nodes if n.op == "output")
+        end = output.args[0]
+        if not isinstance(end, fx.Node) or not isinstance(self.values.get(end), torch.Tensor):
+            raise self.fail(output, "the model must return one tensor")
+        head, end = self._head(end)
+        body = sequence(self.assemble(self.chain(end, self.placeholder)))
+        module = body.module
+        if len(module.children) == 1:  # S derives no lone computation: pass on an identity after it
+            module = arch.seq(module, arch.identity())
+            body = Piece(module, body.entries)
+        return arch.network(module), body.entries, head
+
+    def _head(self, end: fx.Node) -> tuple[nn.Linear | None, fx.Node]:
+        """The paper's head at the end (a linear layer of the mean over space or tokens): its
+        linear and the backbone's output; or no head. The mean is checked on the values."""
+        if end.op != "call_module" or not isinstance(self.modules[end.target], nn.Linear):
+            return None, end
+        pooled = self.values[end.args[0]]
+        if not isinstance(pooled, torch.Tensor) or pooled.dim() != 2:
+            return None, end
+        candidates, node = [], end.args[0]
+        while isinstance(node, fx.Node) and self._head_pool(node) and len(self.inputs(node)) == 1:
+            node = self.inputs(node)[0]
+            candidates.append(node)
+        for source in reversed(candidates):  # the earliest value whose mean is the pooled one
+            value = self.values[source]
+            if value.dim() not in (3, 4) or value.shape[0] != pooled.shape[0]:
+                continue
+            mean = value.mean((2, 3) if value.dim() == 4 else 1)
+            if mean.shape == pooled.shape and torch.allclose(mean, pooled, rtol=1e-5, atol=1e-6):
+                self.use(end)
+                return self.modules[end.target], source
+        return None, end
+
+    def _head_pool(self, node: fx.Node) -> bool:
+        if node.op == "call_module":
+            return isinstance(self.modules[node.target], (nn.AdaptiveAvgPool2d, nn.Flatten))
+        return target_name(node.target) in _HEAD_POOLS or node.target is F.adaptive_avg_pool2d
+
+    # ------------------------------------------------------------- from an output back to its source
+
+    def chain(self, end: fx.Node, start: fx.Node) -> list[Piece | Route]:
+        """The pieces and routes that compute `end` from `start`, in forward order."""
+        items: list[Piece | Route] = []
+        node = end
+        while node is not start:
+            if node not in self.idom or node.op == "placeholder":
+                raise self.fail(node, "this value does not come from the branch's input")
+            made, previous = self.step(node, start)
+            owner = self.owner(node)
+            items[:0] = [
+                replace(m, owner=owner) if isinstance(m, Piece) and m.owner is None else m for m in made
+            ]
+            node = previous
+        return items
+
+    def step(self, node: fx.Node, start: fx.Node) -> tuple[list[Piece | Route], fx.Node]:
+        """What one node (or a run of layout nodes, or an attention) contributes, and where the
+        chain goes on (never past `start`)."""
+        if self.is_layout(node):
+            run = [node]
+            while self.inputs(run[0])[0] is not start and self.is_layout(self.inputs(run[0])[0]):
+                run.insert(0, self.inputs(run[0])[0])
+            source = self.inputs(run[0])[0]
+            if not isinstance(self.values[source], torch.Tensor):
+                raise self.fail(source, f"{self.short(source)} has no counterpart in the grammar")
+            if source.target is F.scaled_dot_product_attention:
+                return self.attention(source, run)
+            return self.layout(source, run), source
+        if node.target is F.scaled_dot_product_attention:
+            return self.attention(node, [])
+        inputs = self.inputs(node)
+        if len(inputs) >= 2 or self.scaled_matmul(node) is not None:
+            piece, fork = self.branching(node)
+            return [piece], fork
+        if len(inputs) != 1:
+            raise self.fail(node, "expected one input tensor")
+        return self.unary(node, inputs[0]), inputs[0]
+
+    def layout(self, source: fx.Node, run: list[fx.Node]) -> list[Piece | Route]:
+        """A run of reshapes and permutes as the grammar's routing: nothing, a permute of the
+        feature axes, image to tokens (im2col 1×1), or tokens to image (col2im)."""
+        index = self.index_map(source, run)
+        base = torch.arange(self.values[source].numel()).reshape(self.values[source].shape)
+        if index.shape == base.shape and torch.equal(index, base):
+            return []
+        rank = base.dim()
+        for order in itertools.permutations(range(1, rank)):
+            if index.shape == base.permute(0, *order).shape and torch.equal(index, base.permute(0, *order)):
+                return [Route(self.terminal(run[-1], "permute", order=order), run[-1])]
+        if rank == 4 and torch.equal(index, base.flatten(2).transpose(1, 2)):
+            return [Route(self.terminal(run[-1], "im2col", k=1, s=1, p=0), run[-1])]
+        if rank == 3 and index.dim() == 4:
+            image = base.transpose(1, 2).unflatten(2, tuple(index.shape[2:]))
+            if torch.equal(index, image):
+                return [Route(self.terminal(run[-1], "col2im"), run[-1])]
+        raise self.fail(
+            run[-1],
+            f"this reshape ({tuple(base.shape)} to {tuple(index.shape)}) is not a routing of the grammar: "
+            "a permute of the feature axes, image to tokens (flatten(2).transpose(1, 2)) or back",
+        )
+
+    # ------------------------------------------------------------- routing modules
+
+    def assemble(self, items: list[Piece | Route]) -> list[Piece]:
+        """Pair routes into routing modules `R1 M R2`: im2col with the col2im that closes it (an
+        image-to-tokens routing right after a col2im cancels it), a permute with the next one;
+        an unpaired route wraps its neighbour, with identity on the other side."""
+        items = cancel(items)
+        out: list[Piece] = []
+        i = 0
+        while i < len(items):
+            item = items[i]
+            if isinstance(item, Piece):
+                out.append(item)
+                i += 1
+                continue
+            if item.op.op == "col2im":
+                raise self.fail(
+                    item.node, "tokens folded back to an image without an im2col that opened the fold"
+                )
+            j = partner(items, i)
+            if j is not None:
+                inner = sequence(self.assemble(items[i + 1 : j]))
+                owner = common_owner([self.owner(item.node), inner.owner, self.owner(items[j].node)])
+                out.append(Piece(arch.routing(item.op, inner.module, items[j].op), inner.entries, owner))
+                i = j + 1
+            elif item.op.op == "permute" and out:
+                before = out.pop()
+                owner = common_owner([before.owner, self.owner(item.node)])
+                out.append(Piece(arch.routing("identity", before.module, item.op), before.entries, owner))
+                i += 1
+            else:
+                after = items[i + 1 : i + 2]
+                inner = sequence(self.assemble(after) if after and isinstance(after[0], Piece) else [])
+                owner = common_owner([self.owner(item.node), inner.owner])
+                out.append(Piece(arch.routing(item.op, inner.module, "identity"), inner.entries, owner))
+                i += 1 + len(after if after and isinstance(after[0], Piece) else [])
+        return out
+
+
+def grammar_grid(grammar: Grammar) -> dict[str, set[tuple[tuple[str, Any], ...]]]:
+    """Every operation the grammar names, with every argument combination it allows anywhere."""
+    grid: dict[str, set[tuple[tuple[str, Any], ...]]] = {}
+
+    def visit(item: Any) -> None:
+        if isinstance(item, OpItem):
+            grid.setdefault(item.name, set()).update(item.choices)
+        elif isinstance(item, ParallelItem):
+            for inner in item.items:
+                visit(inner)
+        elif isinstance(item, RepeatItem):
+            visit(item.item)
+
+    for rule in grammar.rules:
+        for alternative in rule.alternatives:
+            for item in alternative.items:
+                visit(item)
+    return grid

@@ -1,0 +1,151 @@
+"""How the importer turns joins of several values into branching modules: sums, products,
+concatenations, and `F.scaled_dot_product_attention` with its projections as attention heads.
+
+`JoinRules` is a part of `Converter` (converter.py), which provides the traced model, `terminal`,
+`use`, `_width`, and `chain` and `assemble` for the branches.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from einspace.network.importer.pieces import Piece, Route, common_owner, sequence
+from einspace.network.importer.weights import linear_entry, rows_of
+from einspace.seeds import architectures as arch
+
+__all__ = ["JoinRules"]
+
+
+class JoinRules:
+    """Joins: a fork, one branch per joined value, and the aggregation; attention heads."""
+
+    # ------------------------------------------------------------- joins
+
+    def scaled_matmul(self, node: fx.Node) -> fx.Node | None:
+        """The matmul of `matmul(a, b) * c` (or `/ c`) when c is 1/sqrt (or sqrt) of the inner size."""
+        if node.target not in (operator.mul, operator.truediv) or len(self.inputs(node)) != 1:
+            return None
+        (inner,) = self.inputs(node)
+        if inner.target not in (operator.matmul, torch.matmul) or inner not in self.idom:
+            return None
+        size = self.values[self.inputs(inner)[0]].shape[-1]
+        numbers = [c for c in self.constants(node) if isinstance(c, (int, float))]
+        wanted = 1 / math.sqrt(size) if node.target is operator.mul else math.sqrt(size)
+        return inner if len(numbers) == 1 and math.isclose(numbers[0], wanted, rel_tol=1e-6) else None
+
+    def branching(self, node: fx.Node) -> tuple[Piece, fx.Node]:
+        """A join of several values: clone where they part (the fork, returned), one branch each,
+        then the aggregation."""
+        matmul = self.scaled_matmul(node)
+        joined = matmul or node
+        inputs = self.inputs(joined)
+        target = joined.target
+        if matmul is not None:
+            merge = self.terminal(node, "matmul", scaled=True)
+        elif target in (operator.add, torch.add) or (joined.op == "call_method" and target == "add"):
+            if len(inputs) != 2 or any(
+                isinstance(a, (int, float)) and a != 1 for a in joined.kwargs.values()
+            ):
+                raise self.fail(node, "only a plain sum of tensors is the grammar's add")
+            merge = self.terminal(node, "add")
+        elif target in (operator.matmul, torch.matmul, torch.bmm):
+            merge = self.terminal(node, "matmul", scaled=False)
+        elif target is torch.cat:
+            rank = self.values[node].dim()
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+            dim = dim % rank
+            if dim == 0:
+                raise self.fail(node, "concatenation along the batch axis")
+            merge = self.terminal(node, "concat", dim=dim, b=len(inputs))
+        else:
+            raise self.fail(
+                node, f"{self.short(node)} of {len(inputs)} tensors has no counterpart in the grammar"
+            )
+        fork = self.idom[joined]
+        split = self.terminal(node, "clone", b=len(inputs))
+        branches = [sequence(self.assemble(self.chain(value, fork))) for value in inputs]
+        if merge.op == "add":  # a sum in any order is the same: shortcuts last, as residual() writes them
+            branches.sort(key=lambda branch: branch.module == arch.identity())
+        modules = [branch.module for branch in branches]
+        shared = modules[0] if len(modules) != 2 and all(m == modules[0] for m in modules) else modules
+        entries = tuple(e for branch in branches for e in branch.entries)
+        owner = common_owner([self.owner(node), *(branch.owner for branch in branches)])
+        return Piece(arch.branching(split, shared, merge), entries, owner), fork
+
+    def attention(self, node: fx.Node, run: list[fx.Node]) -> tuple[list[Piece | Route], fx.Node]:
+        """F.scaled_dot_product_attention of projections of one input: h attention heads,
+        joined along the features (multi-head) or one head; the projection that may follow is
+        a linear of its own."""
+        q, k, v = self.inputs(node)[:3]
+        options = dict(zip(("attn_mask", "dropout_p", "is_causal", "scale"), node.args[3:], strict=False))
+        options.update(node.kwargs)
+        if options.get("attn_mask") is not None or options.get("dropout_p", 0) or options.get("is_causal"):
+            raise self.fail(node, "attention with a mask, dropout or causal masking is not in the grammar")
+        found = [self.projection(t) for t in (q, k, v)]
+        sources = {tuple(self.inputs(linear_node)) for linear_node, _, _ in found}
+        if len(sources) != 1 or len(next(iter(sources))) != 1:
+            raise self.fail(node, "queries, keys and values must be projections of one input")
+        (source,) = sources.pop()
+        for linear_node in dict.fromkeys(linear_node for linear_node, _, _ in found):
+            self.use(linear_node)
+        rows = [(module, head_rows) for _, module, head_rows in found]
+        (heads, e), e_v = rows[0][1].shape, rows[2][1].shape[1]
+        scale = options.get("scale")
+        if e_v != e or (scale is not None and not math.isclose(scale, 1 / math.sqrt(e), rel_tol=1e-6)):
+            raise self.fail(
+                node, "the grammar's attention head has q, k, v of one width, scaled by 1/sqrt(width)"
+            )
+        output = self.values[node]
+        index = self.index_map(node, run)
+        base = torch.arange(output.numel()).reshape(output.shape)
+        joined = base if output.dim() == 3 else base.transpose(1, 2).flatten(2)
+        if index.shape != joined.shape or not torch.equal(index, joined):
+            raise self.fail(
+                run[-1] if run else node, "the heads must be joined along the features, [B, N, heads * width]"
+            )
+        entries = []
+        for h in range(heads):
+            for module, head_rows in rows:
+                entries.append(linear_entry(module.weight[head_rows[h]], rows_of(module.bias, head_rows[h])))
+        d = self._width(node, e, "the attention head width")
+        for name, args in (("clone", {"b": 2}), ("matmul", {"scaled": True}), ("matmul", {"scaled": False})):
+            self.terminal(node, name, **args)
+        piece = arch.attention_head(d)
+        if heads > 1:
+            split, merge = (
+                self.terminal(node, "clone", b=heads),
+                self.terminal(node, "concat", dim=2, b=heads),
+            )
+            piece = arch.branching(split, piece, merge)
+        if d != e:
+            entries = [None] * len(entries)
+        return [Piece(piece, tuple(entries))], source
+
+    def projection(self, value: fx.Node) -> tuple[fx.Node, nn.Linear, torch.Tensor]:
+        """The linear that `value` (queries, keys or values) is a slice of, and which of its
+        output rows feed each head: [heads, width]."""
+        run = []
+        node = value
+        while self.is_layout(node):
+            run.insert(0, node)
+            node = self.inputs(node)[0]
+        module = self.modules.get(node.target) if node.op == "call_module" else None
+        if not isinstance(module, nn.Linear) or self.values[node].dim() != 3:
+            raise self.fail(value, "queries, keys and values must be linear projections of tokens [B, N, D]")
+        index = self.index_map(node, run)
+        batch, tokens, features = self.values[node].shape
+        heads = index.unsqueeze(1) if index.dim() == 3 else index  # [B, heads, N, width]
+        b_at, n_at, f_at = heads // (tokens * features), heads // features % tokens, heads % features
+        rows = f_at[0, :, 0, :]
+        if not (
+            torch.equal(b_at, torch.arange(batch).view(-1, 1, 1, 1).expand_as(b_at))
+            and torch.equal(n_at, torch.arange(tokens).view(1, 1, -1, 1).expand_as(n_at))
+            and torch.equal(f_at, rows[None, :, None, :].expand_as(f_at))
+        ):
+            raise self.fail(value, "the heads must be slices of the projection's features, per token")
+        return node, module, rows

@@ -1,0 +1,250 @@
+"""How the importer turns one-input operations and layers with weights into the grammar's operations:
+activations, softmax, dropout, pooling, a positional encoding, convolutions, linears and norms.
+
+`LayerRules` is a part of `Converter` (converter.py), which provides the traced model (`values`,
+`modules`, `fail`, `short`, `constants`), the grammar's grid (`terminal`, `grid`) and the record of
+substitutions (`substituted`) and used modules (`use`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from einspace.network.importer.graph import target_name
+from einspace.network.importer.pieces import Entry, Piece, Route
+from einspace.network.importer.weights import linear_entry
+from einspace.seeds import architectures as arch
+
+__all__ = ["MODULE_HANDLERS", "LayerRules"]
+
+#: Activations the paper's grammar lacks: each becomes its leaky ReLU, as a substitution.
+_ACTIVATION_MODULES = tuple(
+    getattr(nn, n) for n in "ReLU GELU SiLU ELU Tanh Sigmoid ReLU6 Hardswish Mish".split()
+)
+_ACTIVATION_FUNCTIONS = (torch.relu, torch.tanh, torch.sigmoid) + tuple(
+    getattr(F, n) for n in "relu gelu silu elu relu6 hardswish mish".split()
+)
+_ACTIVATION_METHODS = {"relu", "sigmoid", "tanh"}
+_POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d)
+_POOL_FUNCTIONS = {F.max_pool2d, F.avg_pool2d}
+
+
+class LayerRules:
+    """One-input operations (by module type through `MODULE_HANDLERS`, else by function) and
+    layers with weights, each as the pieces and routes of the grammar that compute it."""
+
+    # ------------------------------------------------------------- one-input operations
+
+    def unary(self, node: fx.Node, source: fx.Node) -> list[Piece | Route]:
+        value = self.values[source]
+        if node.op == "call_module":
+            module = self.modules[node.target]
+            handler = next((h for kinds, h in MODULE_HANDLERS if isinstance(module, kinds)), None)
+            if handler is not None:
+                return handler(self, node, module, value)
+            raise self.fail(node, f"{type(module).__name__} has no counterpart in the grammar")
+        target = node.target
+        if target is F.leaky_relu:
+            slope = node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01)
+            return self.activation(node, slope)
+        if target in _ACTIVATION_FUNCTIONS or (node.op == "call_method" and target in _ACTIVATION_METHODS):
+            return self.activation(node, None)
+        if target in (F.softmax, torch.softmax) or (node.op == "call_method" and target == "softmax"):
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            return self.softmax(node, dim, value)
+        if target is F.dropout:
+            return self.dropout(node, node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5))
+        if target in _POOL_FUNCTIONS:
+            kernel = node.args[1] if len(node.args) > 1 else node.kwargs["kernel_size"]
+            stride = node.args[2] if len(node.args) > 2 else node.kwargs.get("stride") or kernel
+            padding = node.args[3] if len(node.args) > 3 else node.kwargs.get("padding", 0)
+            return self.pool(node, target_name(target), value, kernel, stride, padding)
+        if target in (operator.add, torch.add) or (node.op == "call_method" and target == "add"):
+            return self.positional(node, value)
+        raise self.fail(node, f"{target_name(target)} has no counterpart in the grammar")
+
+    def activation(self, node: fx.Node, slope: float | None) -> list[Piece | Route]:
+        if slope != 0.01:
+            what = f"leaky ReLU with slope {slope}" if slope is not None else self.short(node)
+            self.substituted(node, what, "leaky_relu (slope 0.01), the grammar's activation")
+        self.terminal(node, "leaky_relu")
+        return [Piece(arch.act(), ())]
+
+    def softmax(self, node: fx.Node, dim: int | None, value: torch.Tensor) -> list[Piece | Route]:
+        if dim is None or dim % value.dim() != value.dim() - 1:
+            raise self.fail(node, f"softmax over axis {dim}: the grammar's softmax is over the last axis")
+        self.terminal(node, "softmax")
+        return [Piece(arch.softmax(), ())]
+
+    def dropout(self, node: fx.Node, p: float) -> list[Piece | Route]:
+        """Left out: exactly so with p = 0 (as models often leave it), else a substitution."""
+        if p:
+            self.substituted(
+                node, f"dropout (p = {p})", "nothing (dropout acts only in training; it is left out)"
+            )
+        return []
+
+    def pool(
+        self, node: fx.Node, what: str, value: torch.Tensor, kernel: Any, stride: Any, padding: Any
+    ) -> list[Piece | Route]:
+        """A pooling layer becomes a convolution of the same output size (the paper's ResNet seed
+        replaces the max-pool by a 3×3 stride-2 convolution), with fresh weights."""
+        channels = value.shape[1]
+        out = self.values[node].shape[2:]
+        k, s, p = (square(v) for v in (kernel, stride, padding))
+        grid = self._conv_substitute(node, value, k, s, p, out)
+        d = self._width(node, channels, "the pooled channels")
+        described = f"{what} (kernel {k}, stride {s}, padding {p})"
+        self.substituted(node, described, f"{self._conv_text(grid, d)}, with new weights")
+        return self._conv_items(node, grid, d, None)
+
+    def positional(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
+        """x + a learnt tensor of x's shape (or with a leading 1): a positional encoding."""
+        constants = [c for c in self.constants(node) if isinstance(c, torch.Tensor)]
+        if len(constants) != 1 or constants[0].shape not in (value.shape[1:], (1, *value.shape[1:])):
+            raise self.fail(
+                node, "adding a constant is in the grammar only as a learnt positional encoding of x's shape"
+            )
+        self.terminal(node, "pos_enc")
+        weight = constants[0].detach().reshape(1, *value.shape[1:]).clone()
+        return [Piece(arch.pos_enc(), ({"weight": weight},))]
+
+    # ------------------------------------------------------------- layers with weights
+
+    def conv(self, node: fx.Node, module: nn.Conv2d, value: torch.Tensor) -> list[Piece | Route]:
+        self.use(node)
+        k, s, p = module.kernel_size, module.stride, module.padding
+        out = self.values[node].shape[2:]
+        exact = (
+            module.groups == 1
+            and module.dilation == (1, 1)
+            and module.padding_mode == "zeros"
+            and k[0] == k[1]
+            and s[0] == s[1]
+            and isinstance(p, tuple)
+            and p[0] == p[1]
+        )
+        if exact and (("k", k[0]), ("s", s[0]), ("p", p[0])) in self.grid.get("im2col", ()):
+            d = self._width(node, module.out_channels, "the output channels")
+            weight = module.weight.reshape(module.out_channels, -1)
+            entry = linear_entry(weight, module.bias) if d == module.out_channels else None
+            return self._conv_items(node, (k[0], s[0], p[0]), d, entry)
+        grid = self._conv_substitute(node, value, k[0], s[0], p[0] if isinstance(p, tuple) else 0, out)
+        d = self._width(node, module.out_channels, "the output channels")
+        shape = f"a {k[0]}x{k[1]} stride-{s[0]} convolution, padding {p}"
+        if module.groups != 1 or module.dilation != (1, 1) or module.padding_mode != "zeros":
+            shape += f", groups {module.groups}, dilation {module.dilation}, {module.padding_mode} padding"
+        self.substituted(node, shape, f"{self._conv_text(grid, d)}, with new weights")
+        return self._conv_items(node, grid, d, None)
+
+    def _conv_items(
+        self, node: fx.Node, grid: tuple[int, int, int], d: int, entry: Entry
+    ) -> list[Piece | Route]:
+        k, s, p = grid
+        opened, closed = self.terminal(node, "im2col", k=k, s=s, p=p), self.terminal(node, "col2im")
+        return [Route(opened, node), Piece(arch.linear(d), (entry,)), Route(closed, node)]
+
+    def _conv_substitute(
+        self, node: fx.Node, value: torch.Tensor, k: int, s: int, p: int, out: tuple[int, ...]
+    ) -> tuple[int, int, int]:
+        """The im2col (k, s, p) of the grid with the same output size, nearest in stride then kernel."""
+        height, width = value.shape[2:]
+        same = []
+        for args in self.grid.get("im2col", ()):
+            kk, ss, pp = (dict(args)[a] for a in ("k", "s", "p"))
+            size = ((height + 2 * pp - kk) // ss + 1, (width + 2 * pp - kk) // ss + 1)
+            if size == tuple(out) and min(height, width) + 2 * pp >= kk:
+                same.append((abs(ss - s), abs(kk - k), abs(pp - p), (kk, ss, pp)))
+        if not same:
+            raise self.fail(
+                node, f"no convolution of the grammar's grid turns {height}x{width} into {tuple(out)}"
+            )
+        return min(same)[-1]
+
+    def _conv_text(self, grid: tuple[int, int, int], d: int) -> str:
+        k, s, p = grid
+        return (
+            f"a {k}x{k} stride-{s} convolution to {d} channels "
+            f"(im2col(k={k}, s={s}, p={p}) · linear(d={d}) · col2im)"
+        )
+
+    def _width(self, node: fx.Node, d: int, what: str) -> int:
+        """d, or the grid's nearest width (substituted)."""
+        widths = sorted(dict(a)["d"] for a in self.grid.get("linear", ()))
+        if not widths:
+            raise self.fail(node, f"the grammar {self.grammar.path} has no linear layer")
+        if d in widths:
+            return d
+        nearest = min(widths, key=lambda w: (abs(math.log2(w / d)), w))
+        self.substituted(
+            node, f"width {d} ({what})", f"width {nearest}, the grid's nearest (linear(d={nearest}))"
+        )
+        return nearest
+
+    def linear(self, node: fx.Node, module: nn.Linear, value: torch.Tensor) -> list[Piece | Route]:
+        self.use(node)
+        if value.dim() != 3:
+            raise self.fail(
+                node,
+                "nn.Linear on a tensor of rank "
+                f"{value.dim()}: the grammar's linear acts on tokens [B, S, D] (on an image's channels "
+                "it is a 1x1 convolution)",
+            )
+        d = self._width(node, module.out_features, "the output features")
+        entry = linear_entry(module.weight, module.bias) if d == module.out_features else None
+        return [Piece(arch.linear(d), (entry,))]
+
+    def batch_norm(self, node: fx.Node, module: nn.BatchNorm2d, value: torch.Tensor) -> list[Piece | Route]:
+        self.use(node)
+        if not (module.affine and module.track_running_stats):
+            raise self.fail(
+                node, "the grammar's norm is a BatchNorm2d with affine parameters and running statistics"
+            )
+        if module.eps != 1e-5 or module.momentum != 0.1:
+            self.substituted(
+                node, f"{module}", "norm (BatchNorm2d with eps 1e-5, momentum 0.1), same weights"
+            )
+        self.terminal(node, "norm")
+        return [Piece(arch.norm(), (dict(module.state_dict()),))]
+
+    def layer_norm(self, node: fx.Node, module: nn.LayerNorm, value: torch.Tensor) -> list[Piece | Route]:
+        self.use(node)
+        if value.dim() != 3 or module.normalized_shape != (value.shape[-1],) or not module.elementwise_affine:
+            raise self.fail(
+                node, "the grammar's norm in col mode is a LayerNorm over the last axis of [B, S, D]"
+            )
+        if module.eps != 1e-5 or module.bias is None:
+            self.substituted(node, f"{module}", "norm (LayerNorm with eps 1e-5 and a bias)")
+        self.terminal(node, "norm")
+        entry = linear_entry(module.weight, module.bias)
+        return [Piece(arch.norm(), (entry,))]
+
+
+MODULE_HANDLERS: tuple[tuple[type | tuple[type, ...], Callable[..., list[Piece | Route]]], ...] = (
+    (nn.Conv2d, LayerRules.conv),
+    (nn.Linear, LayerRules.linear),
+    (nn.BatchNorm2d, LayerRules.batch_norm),
+    (nn.LayerNorm, LayerRules.layer_norm),
+    (nn.LeakyReLU, lambda self, node, module, value: self.activation(node, module.negative_slope)),
+    (_ACTIVATION_MODULES, lambda self, node, module, value: self.activation(node, None)),
+    (nn.Softmax, lambda self, node, module, value: self.softmax(node, module.dim, value)),
+    (nn.Dropout, lambda self, node, module, value: self.dropout(node, module.p)),
+    (
+        _POOL_MODULES,
+        lambda self, node, module, value: self.pool(
+            node, type(module).__name__, value, module.kernel_size, module.stride, module.padding
+        ),
+    ),
+)
+
+
+def square(value: Any) -> int:
+    return int(value[0]) if isinstance(value, (tuple, list)) else int(value)

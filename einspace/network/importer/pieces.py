@@ -1,0 +1,118 @@
+"""What the importer builds a tree from: pieces (a module of the grammar with the weights of its
+stateful terminals and the model's submodule it comes from) and routes still to be paired into
+routing modules; sequences of pieces nested as the model nests its submodules."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from einspace.seeds import architectures as arch
+from einspace.tree import Nonterminal, Terminal
+
+__all__ = ["Entry", "Piece", "Route", "cancel", "common_owner", "flat", "partner", "sequence"]
+
+#: Weights of one stateful terminal (linear, norm, positional encoding), keyed as in its
+#: compiled module; None keeps the fresh initialisation (a substituted layer).
+Entry = dict[str, torch.Tensor] | None
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A module of the grammar, the weights of its stateful terminals in compiled order, and the
+    model's submodule it comes from (its path; None for an identity), to group sequences by."""
+
+    module: Nonterminal
+    entries: tuple[Entry, ...]
+    owner: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    """A routing operation still to be paired into `R1 M R2`: opens (im2col, permute) or closes
+    (col2im, permute) a routing module."""
+
+    op: Terminal
+    node: fx.Node
+
+
+def common_owner(owners: list[tuple[str, ...] | None]) -> tuple[str, ...] | None:
+    """The longest module path that all given paths start with (None when none is given)."""
+    known = [o for o in owners if o is not None]
+    if not known:
+        return None
+    common = known[0]
+    for owner in known[1:]:
+        n = 0
+        while n < min(len(common), len(owner)) and common[n] == owner[n]:
+            n += 1
+        common = common[:n]
+    return common
+
+
+def sequence(pieces: list[Piece]) -> Piece:
+    """The pieces in sequence, nested as the model nests its submodules: the pieces of one child
+    module form one module of the tree, so the tree reads like the model (and stays shallow)."""
+    if not pieces:
+        return Piece(arch.identity(), ())
+    if len(pieces) == 1:
+        return pieces[0]
+    common = common_owner([p.owner for p in pieces])
+    depth = len(common) if common is not None else 0
+
+    def child(index_piece: tuple[int, Piece]) -> Any:
+        index, piece = index_piece
+        return piece.owner[depth] if piece.owner is not None and len(piece.owner) > depth else -index
+
+    parts = [[p for _, p in run] for _, run in itertools.groupby(enumerate(pieces), key=child)]
+    grouped = [sequence(run) if len(run) < len(pieces) else flat(run) for run in parts]
+    return flat(grouped, common)
+
+
+def flat(pieces: list[Piece], owner: tuple[str, ...] | None = None) -> Piece:
+    if len(pieces) == 1:
+        return pieces[0]
+    entries = tuple(e for p in pieces for e in p.entries)
+    owner = owner or common_owner([p.owner for p in pieces])
+    return Piece(arch.seq(*(p.module for p in pieces)), entries, owner)
+
+
+def cancel(items: list[Piece | Route]) -> list[Piece | Route]:
+    """Drop col2im followed by image-to-tokens (im2col 1×1): the pair changes nothing."""
+    out: list[Piece | Route] = []
+    for item in items:
+        last = out[-1] if out else None
+        if (
+            isinstance(item, Route)
+            and item.op == arch.op("im2col", k=1, s=1, p=0)
+            and isinstance(last, Route)
+            and last.op.op == "col2im"
+        ):
+            out.pop()
+            continue
+        out.append(item)
+    return out
+
+
+def partner(items: list[Piece | Route], i: int) -> int | None:
+    """The route that closes the one at i: the col2im of an im2col (nested pairs skipped), or
+    the next permute."""
+    opener = items[i].op.op  # type: ignore[union-attr]
+    depth = 0
+    for j in range(i + 1, len(items)):
+        item = items[j]
+        if not isinstance(item, Route):
+            continue
+        if opener == "permute" and item.op.op == "permute":
+            return j
+        if opener == "im2col" and item.op.op == "im2col":
+            depth += 1
+        elif opener == "im2col" and item.op.op == "col2im":
+            if depth == 0:
+                return j
+            depth -= 1
+    return None

@@ -1,0 +1,424 @@
+"""The torch side of the XD-operation (`einspace.ops.xd`): the butterflies and the module `XDConv`.
+
+Layout of the parameters of an `XDConv` (all real tensors; complex ones have a trailing
+re/im axis of 2):
+
+- `weight` (c_out, c_in, k, ...) and `bias` (c_out,): the model weights, as in a convolution;
+- architecture parameters (`einspace.ops.trainable`): `K`, `L`, `M` hold the twiddles of the
+  per-axis butterflies, concatenated over the axes, (sum_a log2(n_a) n_a / 2, 2, 2, 2); `b`
+  (n_1, ..., n_N, 2) the complex bias inside the diagonal; `C` (c_out, c_in, 2) the complex
+  channel gates.
+
+So the count is c_out c_in k^N + c_out + 2 c_out c_in + 2 prod(n_a) + 3 sum_a 4 n_a log2(n_a).
+
+A butterfly here is one K-matrix factor chain: the fixed bit-reversal permutation followed by
+log2(n) butterfly factors, each n/2 independent complex 2x2 blocks (the radix-2
+decimation-in-time FFT when initialised to its twiddles). Small axes apply it as a dense matrix
+multiplied out once per forward pass (it does not depend on the batch, and a matrix product
+is much faster on CPU than log2(n) elementwise passes); larger axes apply the factors one at
+a time, in O(n log n).
+
+The dense products run in real arithmetic on separate real and imaginary planes
+(`_ComplexProduct`): a GEMM reads a transposed view of its operands for free, so each axis'
+transform consumes one end of the tensor's axes and puts its result at the other, and
+(B, c_in, *input) reaches the frequency-major (*n, B, c_in) of the channel mix, and from there
+(B, c_out, *out), with no transposing copy, in forward or backward.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from einspace.ops.trainable import mark_architecture
+from einspace.ops.xd import fourier_sizes
+
+__all__ = ["DENSE_MAX", "NARROW", "XDConv", "butterfly", "butterfly_matrix", "dft_twiddles"]
+
+#: Axes of at most this many points apply their butterfly as a dense matrix (faster on CPU up
+#: to at least 1024 points; the stage-by-stage form saves the n x n matrix beyond).
+DENSE_MAX = 2048
+#: MKL's GEMM (measured on an AMD EPYC, one thread) is several times slower at a long result of
+#: fewer columns than this (the K side of a strided XD: 7 columns) than at its transpose.
+NARROW = 16
+
+
+# ----------------------------------------------------------------------------- butterflies
+
+
+@functools.cache
+def _bit_reversal(n: int) -> tuple[int, ...]:
+    bits = n.bit_length() - 1
+    return tuple(int(format(i, f"0{bits}b")[::-1], 2) if bits else 0 for i in range(n))
+
+
+def dft_twiddles(n: int, inverse: bool = False, scale: float = 1.0) -> Tensor:
+    """Complex128 twiddles (log2 n, n/2, 2, 2) that make `butterfly` the DFT of length n times `scale`.
+
+    Stage s pairs entries j and j + h (h = 2^s) of each block of 2h and maps (a, c) to
+    (a + w^j c, a - w^j c), w = exp(-+2 pi i / 2h) (+ for the inverse): the radix-2
+    decimation-in-time FFT. `scale` is spread evenly over the stages, so that a unitary scale
+    (n^-1/2) keeps every factor unitary too.
+    """
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"a butterfly needs a power-of-two size, got {n}")
+    stages = n.bit_length() - 1
+    per_stage = scale ** (1 / stages) if stages else 1.0
+    sign = 1.0 if inverse else -1.0
+    out = torch.empty(stages, n // 2, 2, 2, dtype=torch.complex128)
+    for s in range(stages):
+        h = 1 << s
+        j = torch.arange(n // 2, dtype=torch.float64) % h
+        w = torch.polar(torch.ones_like(j), sign * math.pi * j / h)
+        out[s, :, 0, 0] = 1
+        out[s, :, 0, 1] = w
+        out[s, :, 1, 0] = 1
+        out[s, :, 1, 1] = -w
+    return out * per_stage
+
+
+def butterfly(x: Tensor, twiddles: Tensor) -> Tensor:
+    """B x along the last axis of complex `x` (size n): bit-reversal, then the log2(n) factors
+    whose 2x2 blocks are `twiddles` (log2 n, n/2, 2, 2), block g*h + j pairing j and j + h of
+    block g at stage s (h = 2^s)."""
+    n = x.shape[-1]
+    lead = x.shape[:-1]
+    x = x[..., list(_bit_reversal(n))]
+    for s, blocks in enumerate(twiddles):
+        h = 1 << s
+        t = blocks.reshape(n // (2 * h), h, 2, 2).permute(0, 2, 3, 1)  # (group, row, column, j)
+        pairs = x.reshape(*lead, n // (2 * h), 1, 2, h)
+        x = (t[:, :, 0] * pairs[..., 0, :] + t[:, :, 1] * pairs[..., 1, :]).reshape(*lead, n)
+    return x
+
+
+def butterfly_matrix(twiddles: Tensor, n: int) -> Tensor:
+    """The n x n complex matrices of `butterfly` for twiddles (..., log2 n, n/2, 2, 2), multiplied
+    out stage by stage (differentiable): after stage s the product is block-diagonal with
+    blocks of 2h = 2^(s+1), block g being [[D00 X, D01 Y], [D10 X, D11 Y]] for the previous
+    blocks X, Y and the diagonal twiddle matrices D; one broadcast product per stage, ~2 n^2
+    multiplies in all."""
+    batch = twiddles.shape[:-4]
+    blocks = torch.ones(*batch, n, 1, 1, dtype=twiddles.dtype, device=twiddles.device)
+    for s in range(twiddles.shape[-4]):
+        h = 1 << s
+        groups = n // (2 * h)
+        t = twiddles[..., s, :, :, :].reshape(*batch, groups, h, 2, 2).movedim(-3, -1)  # (g, row, col, j)
+        pairs = blocks.reshape(*batch, groups, 1, 2, h, h)
+        blocks = (t.unsqueeze(-1) * pairs).transpose(-3, -2).reshape(*batch, groups, 2 * h, 2 * h)
+    return blocks.reshape(*batch, n, n)[..., list(_bit_reversal(n))]
+
+
+class _Axis(NamedTuple):
+    """One axis' butterfly: its size, twiddles and, for a dense axis, its matrix."""
+
+    n: int
+    twiddles: Tensor
+    matrix: Tensor | None
+
+
+#: A complex tensor as its real and imaginary parts, the second None for a real tensor.
+Planes = tuple[Tensor, Tensor | None]
+
+
+def _column_major(t: Tensor) -> bool:
+    """Whether t's matrices are stored transposed (a GEMM reads them so at no cost)."""
+    return t.stride(-2) == 1 and t.stride(-1) != 1
+
+
+def _products(
+    terms: Sequence[tuple[Tensor | None, Tensor | None, int]], like: Tensor | None = None
+) -> Tensor | None:
+    """The sum of sign * a @ b over the terms (a, b, sign) with both factors present, in a fresh
+    tensor laid out as `like` (column-major matrices if it is: the gradient of a transposed view
+    then needs no copy upstream). Each term accumulates in place, with no temporary; a long
+    matrix of fewer than `NARROW` columns is computed transposed and copied back."""
+    present = [(a, b, sign) for a, b, sign in terms if a is not None and b is not None]
+    if not present:
+        return None
+    if like is not None and _column_major(like):
+        return _products([(b.mT, a.mT, sign) for a, b, sign in present]).mT
+    first, second, _ = present[0]
+    if first.dim() == 2 and second.shape[-1] < NARROW <= first.shape[-2]:
+        return _products([(b.mT, a.mT, sign) for a, b, sign in present]).mT.contiguous()
+    out = first.new_empty(*first.shape[:-1], second.shape[-1])
+    for i, (a, b, sign) in enumerate(present):
+        accumulate = out.addmm_ if out.dim() == 2 else out.baddbmm_
+        accumulate(a, b, beta=1 if i else 0, alpha=sign)
+    return out
+
+
+class _ComplexProduct(torch.autograd.Function):
+    """(ar + i ai) @ (br + i bi) on real planes, as torch.matmul (2-d, or batched 3-d), ai or bi
+    None for a real factor; only the real part when `real`.
+
+    Complex tensors interleave re/im: the layouts the transforms need would take transposing
+    copies, and their backward conjugates with more. Planes are plain GEMM operands in any
+    transposed view, and the hand-written backward accumulates each gradient in place, in the
+    layout of its input, so that autograd adds no copies or sums of its own."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, ar: Tensor, ai: Tensor | None, br: Tensor, bi: Tensor | None, real: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(ar, ai, br, bi)
+        re = _products([(ar, br, 1), (ai, bi, -1)])
+        return re, None if real else _products([(ar, bi, 1), (ai, br, 1)])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, gr: Tensor | None, gi: Tensor | None) -> Any:
+        # d/dA = G B^H and d/dB = A^H G, with G = gr + i gi.
+        ar, ai, br, bi = ctx.saved_tensors
+        need = ctx.needs_input_grad
+
+        def t(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.mT
+
+        return (
+            _products([(gr, t(br), 1), (gi, t(bi), 1)], ar) if need[0] else None,
+            _products([(gi, t(br), 1), (gr, t(bi), -1)], ai) if need[1] else None,
+            _products([(t(ar), gr, 1), (t(ai), gi, 1)], br) if need[2] else None,
+            _products([(t(ar), gi, 1), (t(ai), gr, -1)], bi) if need[3] else None,
+            None,
+        )
+
+
+def _complex_mm(a: Planes, b: Planes, real: bool = False) -> Planes:
+    return _ComplexProduct.apply(*a, *b, real)
+
+
+def _planes(a: Tensor) -> Planes:
+    """A small complex matrix as contiguous planes (GEMMs want unit-stride operands)."""
+    return a.real.contiguous(), a.imag.contiguous()
+
+
+def _staged(lines: Tensor, axis: _Axis, place: int, keep: slice = slice(None)) -> Tensor:
+    """Rows `keep` of the butterfly applied stage by stage to complex `lines` (..., length), zero-extended
+    to n with their entries from index `place`."""
+    full = lines.new_zeros(*lines.shape[:-1], axis.n)
+    full[..., place : place + lines.shape[-1]] = lines
+    return butterfly(full, axis.twiddles)[..., keep]
+
+
+def _first_columns(axis: _Axis, k: int) -> Tensor:
+    """The butterfly's first k columns as rows (k, n): it applied to the first k unit vectors."""
+    if axis.matrix is not None:
+        return axis.matrix[:, :k].T
+    return _staged(torch.eye(k, dtype=axis.twiddles.dtype, device=axis.twiddles.device), axis, 0)
+
+
+def _complex(z: Planes) -> Tensor:
+    """Planes as one complex tensor, for the stage-by-stage path."""
+    re, im = z
+    return re.to(torch.promote_types(re.dtype, torch.complex64)) if im is None else torch.complex(re, im)
+
+
+def _to_front(z: Planes, axis: _Axis, place: int) -> Planes:
+    """The butterfly along z's last axis (zero-extended to n with its entries from `place`), its
+    result put first: the M side, a matrix product A @ z^T on the (other axes) x (last axis) view."""
+    length, rest = z[0].shape[-1], z[0].shape[:-1]
+    if axis.matrix is None:
+        out = _staged(_complex(z).reshape(-1, length), axis, place).T
+        z = (out.real, out.imag)
+    else:
+        lines = tuple(None if p is None else p.reshape(-1, length).T for p in z)
+        z = _complex_mm(_planes(axis.matrix[:, place : place + length]), lines)
+    return tuple(p.reshape(-1, *rest) for p in z)
+
+
+def _to_back(z: Planes, axis: _Axis, keep: slice, real: bool) -> Planes:
+    """Rows `keep` of the butterfly along z's first axis, its result put last: the K side, z^T @ A^T
+    on the (first axis) x (other axes) view; only the real part when `real`."""
+    length, rest = z[0].shape[0], z[0].shape[1:]
+    if axis.matrix is None:
+        out = _staged(_complex(z).reshape(length, -1).T, axis, 0, keep)
+        z = (out.real, None if real else out.imag)
+    else:
+        lines = tuple(p.reshape(length, -1).T for p in z)
+        z = _complex_mm(lines, tuple(p.T for p in _planes(axis.matrix[keep])), real)
+    return tuple(None if p is None else p.reshape(*rest, -1) for p in z)
+
+
+# ----------------------------------------------------------------------------- the module
+
+
+def _packed(twiddles: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
+    """Per-axis complex twiddles as one real tensor (sum of log2(n) n/2, 2, 2, 2)."""
+    return torch.view_as_real(torch.cat([t.reshape(-1, 2, 2) for t in twiddles])).to(dtype)
+
+
+class XDConv(nn.Module):
+    """A 1-d or 2-d XD-operation on (B, c_in, *input_size), to (B, c_out, *out_size), like a
+    convolution with kernel k, stride s (by subsampling the output) and zero padding p.
+
+    Initialised at the convolution: K = F^-1, L = F (the unscaled conjugate DFT, which also
+    turns PyTorch's cross-correlation into a convolution), M = F, b = 0, C = ones; K and M are
+    unitary-scaled so that their product is exactly F^-1 (.) F. The weights and the bias start
+    as a fresh nn.Conv's. `channels_last` takes and returns (B, *input_size, c_in) instead
+    (col mode: tokens first, features last).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        input_size: Sequence[int],
+        stride: int = 1,
+        padding: int = 0,
+        bias: bool = True,
+        channels_last: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        if len(input_size) not in (1, 2):
+            raise ValueError(f"XDConv works on 1 or 2 spatial axes, got input size {tuple(input_size)}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.input_size = tuple(int(s) for s in input_size)
+        self.channels_last = channels_last
+        self.out_size = tuple((size + 2 * padding - kernel_size) // stride + 1 for size in self.input_size)
+        if min(self.out_size) < 1:
+            raise ValueError(
+                f"kernel {kernel_size} does not fit the input {self.input_size} padded by {padding}"
+            )
+        self.fourier = fourier_sizes(self.input_size, kernel_size, padding)
+        real = dtype or torch.get_default_dtype()
+        make = {"device": device, "dtype": real}
+        count = sum(n // 2 * (n.bit_length() - 1) for n in self.fourier)
+        self.K = nn.Parameter(torch.empty(count, 2, 2, 2, **make))
+        self.L = nn.Parameter(torch.empty(count, 2, 2, 2, **make))
+        self.M = nn.Parameter(torch.empty(count, 2, 2, 2, **make))
+        self.b = nn.Parameter(torch.empty(*self.fourier, 2, **make))
+        self.C = nn.Parameter(torch.empty(out_channels, in_channels, 2, **make))
+        kernel = (kernel_size,) * len(self.input_size)
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *kernel, **make))
+        self.bias = nn.Parameter(torch.empty(out_channels, **make)) if bias else None
+        self.reset_parameters()
+        mark_architecture(self, "K", "L", "M", "b", "C")
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Back to the convolution point, with the weights and bias a fresh nn.Conv would have."""
+        dtype = self.K.dtype
+        for name, inverse, unitary in (("K", True, True), ("L", True, False), ("M", False, True)):
+            twiddles = [dft_twiddles(n, inverse, n**-0.5 if unitary else 1.0) for n in self.fourier]
+            getattr(self, name).copy_(_packed(twiddles, dtype))
+        self.b.zero_()
+        self.C.zero_()
+        self.C[..., 0] = 1
+        bound = 1 / math.sqrt(self.weight[0].numel())  # nn.Conv's kaiming_uniform(a=sqrt 5) and bias
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    @classmethod
+    def from_conv(
+        cls,
+        weight: Tensor,
+        bias: Tensor | None,
+        stride: int,
+        padding: int,
+        input_size: Sequence[int],
+        channels_last: bool = False,
+    ) -> XDConv:
+        """The XD-operation equal to the convolution with these weights (c_out, c_in, k[, k])."""
+        c_out, c_in, *kernel = weight.shape
+        if len(set(kernel)) != 1 or len(kernel) != len(input_size):
+            raise ValueError(
+                f"need a square kernel over {len(input_size)} axes, got weight {tuple(weight.shape)}"
+            )
+        xd = cls(
+            c_in,
+            c_out,
+            kernel[0],
+            input_size,
+            stride=stride,
+            padding=padding,
+            bias=bias is not None,
+            channels_last=channels_last,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        with torch.no_grad():
+            xd.weight.copy_(weight)
+            if bias is not None:
+                xd.bias.copy_(bias)
+        return xd
+
+    def _butterflies(self) -> tuple[list[_Axis], list[_Axis], list[_Axis]]:
+        """Per-axis K, L and M; a dense axis multiplies out its three matrices in one batch."""
+        sizes = [n // 2 * (n.bit_length() - 1) for n in self.fourier]
+        split = [torch.view_as_complex(p).split(sizes) for p in (self.K, self.L, self.M)]
+        per_axis = zip(*split, strict=True)
+        k_axes, l_axes, m_axes = [], [], []
+        for n, twiddles in zip(self.fourier, per_axis, strict=True):
+            stacked = torch.stack(twiddles).reshape(3, n.bit_length() - 1, n // 2, 2, 2)
+            matrices = butterfly_matrix(stacked, n) if n <= DENSE_MAX else (None, None, None)
+            for axes, t, matrix in zip((k_axes, l_axes, m_axes), stacked, matrices, strict=True):
+                axes.append(_Axis(n, t, matrix))
+        return k_axes, l_axes, m_axes
+
+    def _diagonal(self, l_axes: Sequence[_Axis]) -> Planes:
+        """C (L w + b) for every frequency, as planes (prod(n), c_in, c_out): what multiplies M x.
+
+        L w + b is linear in the k^N taps of w and in b: one product (prod(n), J) @ (J, c_in c_out),
+        J = k^N + 1, of the Kronecker product of the axes' first k columns of L beside b, and the
+        taps gated by C beside C itself."""
+        columns = [_first_columns(a, self.kernel_size) for a in l_axes]
+        bias = torch.view_as_complex(self.b).reshape(1, -1)
+        left = torch.cat([functools.reduce(torch.kron, columns), bias])  # (J, prod(n))
+        gates = torch.view_as_complex(self.C).T  # (c_in, c_out)
+        taps = self.weight.reshape(self.out_channels, self.in_channels, -1).permute(2, 1, 0)
+        right = torch.cat([taps * gates, gates[None]]).reshape(len(left), -1)
+        diagonal = _complex_mm(tuple(p.T for p in _planes(left)), _planes(right))
+        return tuple(p.view(-1, self.in_channels, self.out_channels) for p in diagonal)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Complex products have no reduced-precision kernels: under autocast (mixed-precision
+        # training on CUDA) the operation runs in its parameters' precision.
+        kind = x.device.type
+        if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+            with torch.autocast(kind, enabled=False):
+                return self._xd(x.to(self.weight.dtype))
+        return self._xd(x.to(self.weight.dtype))
+
+    def _xd(self, x: Tensor) -> Tensor:
+        spatial = len(self.fourier)
+        k_axes, l_axes, m_axes = self._butterflies()
+        batch = x.shape[0]
+        # M, last spatial axis first: each transform consumes the last axis and puts its result
+        # first, so that (B, c_in, *input) ends as (*n, B, c_in), frequency-major as the
+        # channel mix wants it, with no transposing copy (a GEMM reads transposed operands).
+        z: Planes = (x.movedim(-1, 1) if self.channels_last else x, None)
+        for axis in reversed(m_axes):
+            z = _to_front(z, axis, self.padding)
+        # The channels mix at each frequency: a batch of (B x c_in) @ (c_in x c_out) products.
+        z = tuple(p.reshape(-1, batch, self.in_channels) for p in z)
+        z = _complex_mm(z, self._diagonal(l_axes))
+        z = tuple(p.reshape(*self.fourier, batch, self.out_channels) for p in z)
+        # K, first axis first, each result put last: (*n, B, c_out) -> (B, c_out, *out), cropped to
+        # the output rows (with the stride) and, on the last axis, to the real part.
+        for a, (axis, out) in enumerate(zip(k_axes, self.out_size, strict=True)):
+            rows = slice(0, (out - 1) * self.stride + 1, self.stride)
+            z = _to_back(z, axis, rows, real=a == spatial - 1)
+        y = z[0]
+        if self.bias is not None:
+            y = y + self.bias.reshape(-1, *[1] * spatial)
+        return y.movedim(1, -1) if self.channels_last else y
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}, input_size={self.input_size}, fourier={self.fourier}, "
+            f"bias={self.bias is not None}, channels_last={self.channels_last}"
+        )
