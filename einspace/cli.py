@@ -13,6 +13,7 @@ from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError, SeedFitError
 from einspace.grammar.model import Grammar
 from einspace.ops.registry import get_op, list_ops
+from einspace.outputs import writable, write_output
 from einspace.plugins import load_plugins
 from einspace.sampler import Limits
 from einspace.sampling import SAMPLING_MODES, make_sampler
@@ -150,7 +151,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if out_dir:
         if out_dir.exists() and not out_dir.is_dir():
             raise EinspaceError(f"--out {out_dir} is a file; give a directory for the tree files")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EinspaceError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
     for i in range(args.n):
         tree = sampler.sample()
         checked = check_tree(tree, grammar, state)
@@ -170,7 +174,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             print(pretty(tree) if args.format == "pretty" else to_text(tree))
             print()
         if out_dir:
-            (out_dir / f"tree_{i:04d}.tree").write_text(pretty(tree) + "\n")
+            write_output(out_dir / f"tree_{i:04d}.tree", pretty(tree) + "\n")
     return 0
 
 
@@ -271,6 +275,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from einspace.export import class_name, export_tree, load_weights, save_weights
     from einspace.seeds import load_seed
 
+    _check_outputs(args.out, args.weights)
     grammar = load(args.grammar)
     state = parse_input(args.input, args.mode)
     tree = load_tree(args.tree) if Path(args.tree).is_file() else load_seed(args.tree, grammar, state)
@@ -281,7 +286,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.load:
         load_weights(network, args.load)
     exported = export_tree(checked, name=name, network=network)
-    _write(args.out, exported.source)
+    write_output(args.out, exported.source)
     params = sum(p.numel() for p in network.parameters())
     print(f"wrote {args.out}: class {name}, {params:,} parameters, needs torch only")
     if args.weights:
@@ -297,12 +302,13 @@ def cmd_import_model(args: argparse.Namespace) -> int:
     from einspace.export import save_weights
     from einspace.fx_import import import_model, load_factory
 
+    _check_outputs(args.out, args.weights)
     grammar = load(args.grammar)
     state = parse_input(args.input, args.mode)
     model = load_factory(args.model)
     torch.manual_seed(args.random_seed)  # the fresh weights of substituted layers
     imported = import_model(model, state, grammar, substitute=args.substitute)
-    _write(args.out, imported.tree_file(f"einspace import-model {args.model} --input {args.input}"))
+    write_output(args.out, imported.tree_file(f"einspace import-model {args.model} --input {args.input}"))
     for line in imported.substitutions:
         print(f"substituted: {line}")
     print(f"wrote {args.out}: {_stats_line(check_tree(imported.tree, grammar, state))}")
@@ -313,11 +319,11 @@ def cmd_import_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
-    except OSError as exc:
-        raise EinspaceError(f"cannot write {path}: {exc.strerror or exc}") from None
+def _check_outputs(*paths: str | None) -> None:
+    """Check every output path before any work, so that one bad path leaves nothing written."""
+    for path in paths:
+        if path:
+            writable(path)
 
 
 def _add_package_commands(package: str, sub: argparse._SubParsersAction) -> None:

@@ -42,6 +42,7 @@ from einspace.lowering import Attention, AttentionHead, BranchLinear, Conv, Fold
 from einspace.ops import _modules
 from einspace.ops.nos import Calibration, ChannelAttention, DynamicKernel, SpatialAttention
 from einspace.ops.registry import get_op
+from einspace.outputs import write_output
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Terminal, content_hash, describe_path, walk
 
@@ -137,10 +138,8 @@ def export_networks(networks: Mapping[str, Network], docs: Mapping[str, str] | N
 
 def save_weights(state_dict: Mapping[str, torch.Tensor], path: str | Path) -> None:
     """Write a state_dict in torch's format, tensors only: `torch.load(path, weights_only=True)`."""
-    try:
-        torch.save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, Path(path))
-    except OSError as exc:
-        raise EinspaceError(f"cannot write weights {path}: {exc.strerror or exc}") from None
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    write_output(path, lambda target: torch.save(tensors, target))
 
 
 def load_weights(module: nn.Module, path: str | Path) -> None:

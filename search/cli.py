@@ -228,8 +228,11 @@ def _conclude(run_dir: Path, history: list[Record], quiet: bool) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from einspace.outputs import writable
     from einspace.search.report import report
 
+    if args.html:
+        writable(args.html)  # before the report is printed
     print(report(args.run_dir, args.top, not args.no_plot, args.full))
     if args.html is not None:
         from einspace.search.html_report import write_html_report

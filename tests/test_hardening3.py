@@ -1,0 +1,95 @@
+"""Issue 24, what a third round of malformed inputs found: each case is a command line or a call,
+the exit status and message it must give, no traceback, and nothing left half-written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from search_helpers import BASE, merge
+
+from einspace.cli import main
+
+TREE = "(S (M (C linear(d=16))) (M (C linear(d=16))))\n"
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def _files(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
+
+
+# ---------------------------------------------------------------- bad output paths
+
+#: (arguments after the command's inputs, the message fragment); `{d}` is a folder holding
+#: `afile` (a regular file) and the folders `dir.png`, `dir.html`, `dir.py`, `dir.pcfg`.
+BAD_OUTPUTS: list[tuple[str, list[str], str]] = [
+    ("export-weights-missing", ["--out", "{d}/ok.py", "--weights", "{d}/missing/w.pt"], "there is no folder"),
+    ("export-out-directory", ["--out", "{d}/dir.py"], "{d}/dir.py: it is a directory"),
+    ("export-weights-under-file", ["--out", "{d}/ok.py", "--weights", "{d}/afile/w.pt"], "afile is a file"),
+    ("show-png-missing", ["--render", "{d}/missing/t.png"], "there is no folder {d}/missing"),
+    ("show-svg-under-file", ["--render", "{d}/afile/t.svg"], "{d}/afile is a file, not a folder"),
+    ("show-png-directory", ["--render", "{d}/dir.png"], "it is a directory"),
+    ("show-html-directory", ["--render", "{d}/dir.html"], "it is a directory"),
+    ("show-deep-missing", ["--render", "{d}/afile/x/y/t.png"], "{d}/afile is a file"),
+    ("report-html-missing", ["--html", "{d}/missing/r.html"], "there is no folder"),
+    ("report-html-directory", ["--html", "{d}/dir.html"], "it is a directory"),
+    ("learn-missing", ["--out", "{d}/missing/g.pcfg"], "there is no folder"),
+    ("learn-directory", ["--out", "{d}/dir.pcfg"], "it is a directory"),
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small finished search with successful evaluations, for `report` and `learn-probabilities`."""
+    root = tmp_path_factory.mktemp("run")
+    (root / "mine.pcfg").write_text("extends einspace\n")
+    raw = merge(
+        BASE,
+        {
+            "run_dir": str(root / "run"),
+            "grammar": str(root / "mine.pcfg"),
+            "strategy": {"settings": {"evaluations": 6}},
+        },
+    )
+    (root / "exp.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["search", str(root / "exp.yaml"), "--quiet"]) == 0
+    return root / "run"
+
+
+@pytest.mark.parametrize("name, options, message", BAD_OUTPUTS, ids=[c[0] for c in BAD_OUTPUTS])
+def test_a_bad_output_path_is_one_sentence_and_nothing_is_written(
+    tmp_path: Path, finished_run: Path, capsys, name: str, options: list[str], message: str
+) -> None:
+    d = tmp_path
+    (d / "afile").write_text("x")
+    for folder in ("dir.png", "dir.html", "dir.py", "dir.pcfg"):
+        (d / folder).mkdir()
+    (d / "t.tree").write_text(TREE)
+    inputs = {
+        "export": ["export", str(d / "t.tree"), "--input", "3,16,16", "--classes", "3"],
+        "show": ["show", str(d / "t.tree"), "--input", "3,16,16"],
+        "report": ["report", str(finished_run), "--no-plot"],
+        "learn": ["learn-probabilities", str(finished_run)],
+    }[name.partition("-")[0]]
+    before = _files(d) | _files(finished_run)
+    code, out, err = _run([*inputs, *(o.format(d=d) for o in options)], capsys)
+    assert code == 2, out + err
+    assert err.startswith("error: cannot write ") and message.format(d=d) in err
+    assert _files(d) | _files(finished_run) == before  # nothing written, not even a partial file
+
+
+def test_learn_probabilities_keeps_the_runs_own_grammar_unless_forced(finished_run: Path, capsys) -> None:
+    grammar = finished_run.parent / "mine.pcfg"
+    code, _, err = _run(["learn-probabilities", str(finished_run), "--out", str(grammar)], capsys)
+    assert code == 2 and "is a grammar file of the run" in err and "--force" in err
+    assert grammar.read_text() == "extends einspace\n"
+    code, out, _ = _run(["learn-probabilities", str(finished_run), "--out", str(grammar), "--force"], capsys)
+    assert code == 0 and f"wrote {grammar}" in out and "Learned by" in grammar.read_text()
+    grammar.write_text("extends einspace\n")  # as the other tests expect
