@@ -93,3 +93,41 @@ def test_learn_probabilities_keeps_the_runs_own_grammar_unless_forced(finished_r
     code, out, _ = _run(["learn-probabilities", str(finished_run), "--out", str(grammar), "--force"], capsys)
     assert code == 0 and f"wrote {grammar}" in out and "Learned by" in grammar.read_text()
     grammar.write_text("extends einspace\n")  # as the other tests expect
+
+
+# ---------------------------------------------------------------- grammar and tree files
+
+
+def _chain(folder: Path, length: int) -> Path:
+    """`length` grammar files, each extending the one before, the first extending einspace."""
+    (folder / "g0.pcfg").write_text("extends einspace\n")
+    for i in range(1, length):
+        (folder / f"g{i}.pcfg").write_text(f'extends "g{i - 1}.pcfg"\n')
+    return folder / f"g{length - 1}.pcfg"
+
+
+def test_a_long_chain_of_extends_is_refused_with_its_limit_not_a_recursion_error(
+    tmp_path: Path, capsys
+) -> None:
+    code, _, err = _run(["check", str(_chain(tmp_path, 320)), "--mode", "im"], capsys)
+    assert code == 2 and "grammars extend each other more than 100 deep" in err and "g319.pcfg" in err
+    assert _run(["check", str(_chain(tmp_path, 60)), "--mode", "im"], capsys)[0] == 0
+
+
+#: (command line, message fragment); `{d}` holds a folder `sub`.
+FOLDERS_FOR_FILES = [
+    (["check", "{d}/ext.pcfg"], 'cannot extend "sub": {d}/sub is a folder, not a grammar file'),
+    (["check", "{d}/sub"], "'{d}/sub' is a folder; give a grammar file"),
+    (["show", "{d}/sub", "--input", "3,8,8"], "'{d}/sub' is a folder; give a seed or tree file"),
+    (["export", "{d}/sub", "--input", "3,8,8", "--classes", "2", "--out", "{d}/x.py"], "is a folder"),
+]
+
+
+@pytest.mark.parametrize(
+    "argv, message", FOLDERS_FOR_FILES, ids=[c[0][0] + str(i) for i, c in enumerate(FOLDERS_FOR_FILES)]
+)
+def test_a_folder_where_a_file_belongs_is_called_a_folder(tmp_path: Path, capsys, argv, message) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "ext.pcfg").write_text('extends "sub"\n')
+    code, _, err = _run([a.format(d=tmp_path) for a in argv], capsys)
+    assert code == 2 and message.format(d=tmp_path) in err and "no file" not in err
