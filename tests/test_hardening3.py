@@ -3,6 +3,7 @@ the exit status and message it must give, no traceback, and nothing left half-wr
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 from search_helpers import BASE, merge
 
 from einspace.cli import main
+from einspace.ops import unregister_op
 
 TREE = "(S (M (C linear(d=16))) (M (C linear(d=16))))\n"
 
@@ -19,6 +21,13 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     return code, out, err
+
+
+def forget_plugin(op: str, stem: str) -> None:
+    """As if in a fresh process: the operation unregistered and its plugin module not imported."""
+    unregister_op(op)
+    for name in [m for m in sys.modules if m.startswith(f"einspace_plugin_{stem}_")]:
+        del sys.modules[name]
 
 
 def _files(root: Path) -> set[Path]:
@@ -131,3 +140,60 @@ def test_a_folder_where_a_file_belongs_is_called_a_folder(tmp_path: Path, capsys
     (tmp_path / "ext.pcfg").write_text('extends "sub"\n')
     code, _, err = _run([a.format(d=tmp_path) for a in argv], capsys)
     assert code == 2 and message.format(d=tmp_path) in err and "no file" not in err
+
+
+# ---------------------------------------------------------------- plugins
+
+#: A plugin operation whose `infer` has a bug (line 9 raises KeyError).
+BROKEN_INFER = """from einspace.ops import Group, register_op
+from einspace.ops.core import UnaryOperation
+
+@register_op
+class Broken(UnaryOperation):
+    name, group = "test_broken_infer", Group.COMPUTATION
+    def infer(self, signal, args):
+        table = {}
+        return table["missing"]
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sample", "{d}/g.pcfg", "--input", "3,8,8"],
+        ["check", "{d}/g.pcfg", "--input", "3,8,8", "--verify", "1"],
+    ],
+    ids=["sample", "check-verify"],
+)
+def test_an_operation_whose_infer_raises_is_named_with_its_plugin_line(
+    tmp_path: Path, capsys, command: list[str]
+) -> None:
+    (tmp_path / "broken.py").write_text(BROKEN_INFER)
+    (tmp_path / "g.pcfg").write_text("start S\nS -> test_broken_infer linear(d = 4)\n")
+    try:
+        code, _, err = _run(
+            [*(a.format(d=tmp_path) for a in command), "--plugin", str(tmp_path / "broken.py")], capsys
+        )
+    finally:
+        forget_plugin("test_broken_infer", "broken")
+    assert code == 2
+    assert f"operation 'test_broken_infer' (defined at {tmp_path}/broken.py:4) failed in infer" in err
+    assert f"KeyError: 'missing' ({tmp_path}/broken.py:9)" in err
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("import sys\nsys.exit(0)\n", "it called sys.exit(0) ({p}:2)"),
+        ("raise SystemExit('bye')\n", "it called sys.exit('bye') ({p}:1)"),
+    ],
+    ids=["exit-0", "exit-text"],
+)
+def test_a_plugin_that_exits_while_importing_does_not_end_the_command(
+    tmp_path: Path, capsys, body: str, message: str
+) -> None:
+    plugin = tmp_path / "exits.py"
+    plugin.write_text(body)
+    code, out, err = _run(["check", "einspace", "--plugin", str(plugin)], capsys)
+    assert code == 2 and "OK" not in out
+    assert f"plugin '{plugin}' failed while importing: " + message.format(p=plugin) in err
