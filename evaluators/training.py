@@ -41,7 +41,7 @@ from einspace.evaluators.base import EvaluationFailed, Evaluator, register_evalu
 from einspace.evaluators.budgets import Budget, budget_violation
 from einspace.evaluators.datasets import Dataset, load_dataset
 from einspace.evaluators.objectives import Objective, objective_for
-from einspace.evaluators.optim import build_optimizer
+from einspace.evaluators.optim import build_optimizer, check_param_groups
 from einspace.evaluators.time_model import Forecast, Workload, calibrated
 from einspace.grammar.model import Grammar
 from einspace.state import FeatureState
@@ -136,6 +136,7 @@ class TrainingSettings:
         )
         Budget.from_settings(self.budget_settings())  # validates the budget numbers
         require(isinstance(self.param_groups, dict), "setting param_groups must be a mapping")
+        check_param_groups(self.param_groups)
         require(isinstance(self.auxiliary_losses, dict), "setting auxiliary_losses must be a mapping")
         check_auxiliary_settings(self.auxiliary_losses)
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from einspace.errors import EinspaceError
+from einspace.errors import EinspaceError, UnknownNameError
 from einspace.sampler import Limits
 from einspace.state import FeatureState, input_state
 
@@ -480,7 +480,12 @@ def _check_references(experiment: Experiment) -> Experiment:
     from einspace.search.executors import load_plugins
 
     load_plugins(experiment.plugins)
-    evaluator = get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
+    try:  # its settings are checked here, so a bad one never starts a search whose evaluations all fail
+        evaluator = get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
+    except UnknownNameError:
+        raise
+    except EinspaceError as exc:
+        raise ConfigError(f"{experiment.source}: evaluator {experiment.evaluator.name!r}: {exc}") from None
     multi_fidelity = experiment.multi_fidelity.resolved(evaluator, experiment.source)
     experiment = replace(experiment, multi_fidelity=multi_fidelity)
     space = experiment.space()

@@ -197,3 +197,45 @@ def test_a_plugin_that_exits_while_importing_does_not_end_the_command(
     code, out, err = _run(["check", "einspace", "--plugin", str(plugin)], capsys)
     assert code == 2 and "OK" not in out
     assert f"plugin '{plugin}' failed while importing: " + message.format(p=plugin) in err
+
+
+# ---------------------------------------------------------------- evaluator settings, before a search
+
+#: (training settings, message fragment): each refused by `search` before it starts.
+BAD_TRAINING_SETTINGS: list[tuple[dict, str]] = [
+    ({"auxiliary_losses": {"complexty": 0.1}}, "auxiliary_losses.complexty: no network loss is called"),
+    ({"auxiliary_losses": {"complexity": {"target": 0}}}, "target must be a number > 0, got 0"),
+    ({"auxiliary_losses": {"complexity": {"target": -2}}}, "target must be a number > 0, got -2"),
+    ({"auxiliary_losses": {"complexity": {"measure": "latency"}}}, "measure must be flops or params"),
+    (
+        {"auxiliary_losses": {"complexity": {"targt": 0.5}}},
+        "'targt' for network loss 'complexity'; did you mean 'target'",
+    ),
+    (
+        {"param_groups": {"archtecture": {"optimizer": "adam", "lr": 0.01}}},
+        "param_groups.archtecture: no parameter group is called 'archtecture'; did you mean 'architecture'",
+    ),
+    ({"param_groups": {"weights": {"optimizer": "lion"}}}, "param_groups.weights: unknown optimizer 'lion'"),
+    ({"param_groups": {"weights": {"lr": -0.1}}}, "param_groups.weights: lr must be a number >= 0"),
+    ({"param_groups": {"architecture": {"betas": [0.9, 1.0]}}}, "betas must be two numbers in [0, 1)"),
+    ({"param_groups": {"weights": {"learning_rate": 0.1}}}, "unknown option(s) learning_rate"),
+    ({"lrr": 0.1}, "unknown setting 'lrr' for evaluator 'training'; did you mean 'lr'"),
+    ({"lr": -1}, "setting lr must be a number >= 0"),
+]
+
+
+@pytest.mark.parametrize(
+    "settings, message", BAD_TRAINING_SETTINGS, ids=[m[:30] for _, m in BAD_TRAINING_SETTINGS]
+)
+def test_bad_evaluator_settings_stop_the_search_before_it_starts(
+    tmp_path: Path, capsys, settings: dict, message: str
+) -> None:
+    raw = merge(BASE, {
+        "run_dir": str(tmp_path / "run"), "input": {"shape": [1, 8, 8]},
+        "evaluator": {"name": "training", "settings": {"dataset": "digits", "epochs": 1, **settings}},
+        "strategy": {"settings": {"evaluations": 2}},
+    })  # fmt: skip
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    code, _, err = _run(["search", str(tmp_path / "exp.yaml")], capsys)
+    assert code == 2 and "evaluator 'training'" in err and message in err, err
+    assert not (tmp_path / "run").exists()
