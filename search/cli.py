@@ -147,7 +147,6 @@ class _StopOnSignal:
 def cmd_search(args: argparse.Namespace) -> int:
     from einspace.search.config import load_experiment
     from einspace.search.loop import SearchRun
-    from einspace.search.report import final_summary, succeeded
 
     experiment = _with_options(load_experiment(args.experiment), args)
     experiment.check_evaluator()
@@ -165,8 +164,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if complete:
         if not args.quiet:
             print(f"{run.directory} is complete ({len(history)} evaluations)", file=sys.stderr)
-            print(final_summary(run.directory))
-        return 0 if succeeded(history) else 1
+        return _conclude(run.directory, history, args.quiet)
     if summary is None or not summary.finished:
         print(f"stopped; run `einspace search {args.experiment}` again to resume", file=sys.stderr)
         return 130

@@ -25,6 +25,7 @@ from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
 from einspace.search.store import Record, SQLiteStore, Store
 from einspace.search.strategy import Candidate, Strategy
+from einspace.search.successive_halving import PROMOTION
 
 if TYPE_CHECKING:
     from einspace.checker import CheckedTree
@@ -127,6 +128,14 @@ class SearchRun:
                 + "\n  ".join(changes)
                 + "\nuse another run_dir, or undo the change to resume (the executor, name and number of "
                 "evaluations may change)"
+            )
+        budget = experiment.strategy.settings.get("evaluations")
+        history = self.store.history()
+        finished = len(history) - sum(r.origin == PROMOTION for r in history)  # as the budget counts
+        if isinstance(budget, int) and budget < finished:
+            raise EinspaceError(
+                f"{self.directory} has finished {finished} evaluations, more than the {budget} asked for: "
+                f"a run cannot shrink; ask for {finished} or more, or use another run_dir"
             )
         self.store.set_meta("experiment", json.dumps(new, sort_keys=True))
         self.store.set_meta("config", experiment.to_json())

@@ -239,3 +239,34 @@ def test_bad_evaluator_settings_stop_the_search_before_it_starts(
     code, _, err = _run(["search", str(tmp_path / "exp.yaml")], capsys)
     assert code == 2 and "evaluator 'training'" in err and message in err, err
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- finished runs
+
+
+def test_search_evaluations_below_what_is_finished_is_refused(finished_run: Path, capsys) -> None:
+    experiment = finished_run.parent / "exp.yaml"
+    code, _, err = _run(["search", str(experiment), "--evaluations", "2", "--quiet"], capsys)
+    assert code == 2 and "has finished 6 evaluations, more than the 2 asked for" in err
+    code, out, _ = _run(["report", str(finished_run), "--no-plot"], capsys)
+    assert code == 0 and "finished 6 of 6" in out  # the recorded budget is unchanged
+    assert _run(["search", str(experiment), "--evaluations", "6", "--quiet"], capsys)[0] == 0
+
+
+@pytest.fixture(scope="module")
+def failed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished search whose every evaluation failed."""
+    root = tmp_path_factory.mktemp("failed")
+    raw = merge(BASE, {
+        "run_dir": str(root / "run"),
+        "evaluator": {"name": "test_faulty", "settings": {"fault": "raise", "every": 1}},
+        "strategy": {"settings": {"evaluations": 3}},
+    })  # fmt: skip
+    (root / "exp.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["search", str(root / "exp.yaml"), "--quiet"]) == 1
+    return root / "run"
+
+
+def test_a_quiet_search_of_a_finished_failed_run_says_why_it_exits_1(failed_run: Path, capsys) -> None:
+    code, out, err = _run(["search", str(failed_run.parent / "exp.yaml"), "--quiet"], capsys)
+    assert code == 1 and out == "" and "best: no successful evaluation; all 3 failed:" in err
