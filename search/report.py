@@ -7,7 +7,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Cost
@@ -200,17 +200,23 @@ def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> No
     if ok:
         ax.scatter(*zip(*ok, strict=True), s=6, alpha=0.5, label="evaluation")
         ax.step(*zip(*line, strict=True), where="post", color="C3", label="best so far")
-        if failed:
-            low = min(f for _, f in ok)
-            ax.scatter(failed, [low] * len(failed), marker="x", s=12, color="grey", label="failed")
+    if failed:  # along the bottom: below the lowest fitness, or at 0 when none succeeded
+        low = min((f for _, f in ok), default=0.0)
+        ax.scatter(failed, [low] * len(failed), marker="x", s=12, color="grey", label="failed")
     ax.set_xlabel("evaluation (finishing order)")
     ax.set_ylabel("fitness")
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    _legend(ax, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _legend(ax: Any, **options: Any) -> None:
+    """A legend when something is labelled (matplotlib warns to the user's terminal otherwise)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**options)
 
 
 def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> None:
@@ -232,7 +238,7 @@ def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> No
     ax.set_xlabel(f"compute spent ({_measures(history)} seconds, cumulative, finishing order)")
     ax.set_ylabel("best fitness so far")
     ax.set_title(title)
-    ax.legend(loc="best")  # failures lie along the bottom
+    _legend(ax, loc="best")  # failures lie along the bottom
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, format="png")

@@ -4,6 +4,7 @@ the exit status and message it must give, no traceback, and nothing left half-wr
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,11 @@ def failed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_quiet_search_of_a_finished_failed_run_says_why_it_exits_1(failed_run: Path, capsys) -> None:
     code, out, err = _run(["search", str(failed_run.parent / "exp.yaml"), "--quiet"], capsys)
     assert code == 1 and out == "" and "best: no successful evaluation; all 3 failed:" in err
+
+
+def test_report_of_an_all_failed_run_draws_without_warnings(failed_run: Path, tmp_path: Path, capsys) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out, _ = _run(["report", str(failed_run), "--html", str(tmp_path / "r.html")], capsys)
+    assert code == 0 and (tmp_path / "r.html").is_file() and (failed_run / "fitness.png").is_file()
+    assert [str(w.message) for w in caught] == []
