@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from search_helpers import BASE, merge
 
@@ -279,3 +280,29 @@ def test_report_of_an_all_failed_run_draws_without_warnings(failed_run: Path, tm
         code, out, _ = _run(["report", str(failed_run), "--html", str(tmp_path / "r.html")], capsys)
     assert code == 0 and (tmp_path / "r.html").is_file() and (failed_run / "fitness.png").is_file()
     assert [str(w.message) for w in caught] == []
+
+
+# ---------------------------------------------------------------- executors
+
+#: (executor section, message fragment): refused before a search starts.
+BAD_EXECUTORS: list[tuple[dict, str]] = [
+    ({"kind": "in_process", "num_gpus": 0.5}, "executor.num_gpus is 0.5, but this machine has no GPU"),
+    (
+        {"kind": "ray", "num_gpus": 0.5, "packing": "memory", "gpu_memory_gb": -8},
+        "gpu_memory_gb must be positive",
+    ),
+    ({"kind": "ray", "gpu_memory_gb": 0}, "executor.gpu_memory_gb must be positive, got 0"),
+]
+
+
+@pytest.mark.parametrize("executor, message", BAD_EXECUTORS, ids=[m[:24] for _, m in BAD_EXECUTORS])
+def test_executor_settings_this_machine_cannot_honour_are_refused(
+    tmp_path: Path, capsys, executor: dict, message: str
+) -> None:
+    if "no GPU" in message and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    raw = merge(BASE, {"run_dir": str(tmp_path / "run"), "executor": executor})
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    code, _, err = _run(["search", str(tmp_path / "exp.yaml")], capsys)
+    assert code == 2 and message in err
+    assert not (tmp_path / "run").exists()
