@@ -10,7 +10,7 @@ from pathlib import Path
 
 from einspace.bundled import load
 from einspace.checker import CheckedTree, check_tree
-from einspace.errors import EinspaceError, SeedFitError
+from einspace.errors import EinspaceError, GrammarError, SeedFitError
 from einspace.grammar.model import Grammar
 from einspace.ops.registry import get_op, list_ops
 from einspace.outputs import writable, write_output
@@ -98,6 +98,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         analyses = derivable or analyses
     for analysis in analyses:
         print(format_analysis(analysis, contexts=args.contexts))
+    if not any(a.derivable for a in analyses):
+        modes = " or ".join(a.mode for a in analyses)
+        raise GrammarError(
+            f"no tree can be derived from {grammar.start} with {modes} inputs: every derivation reaches "
+            "an operation that cannot apply there (see the WARNING lines above)",
+            grammar.rules_for(grammar.start)[0].location,
+        )
     unused = never_taken(grammar, analyses)
     if unused:
         print(f"never taken ({len(unused)}): no input of these modes reaches them where they can apply")

@@ -306,3 +306,15 @@ def test_executor_settings_this_machine_cannot_honour_are_refused(
     code, _, err = _run(["search", str(tmp_path / "exp.yaml")], capsys)
     assert code == 2 and message in err
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- grammar analysis
+
+
+@pytest.mark.parametrize("mode, modes", [([], "im or col"), (["--mode", "col"], "col")])
+def test_check_refuses_a_grammar_that_derives_nothing(
+    tmp_path: Path, capsys, mode: list[str], modes: str
+) -> None:
+    (tmp_path / "g.pcfg").write_text("start S\nS -> clone(b = 2) leaky_relu add\n")
+    code, _, err = _run(["check", str(tmp_path / "g.pcfg"), *mode], capsys)
+    assert code == 2 and f"g.pcfg:2:1: no tree can be derived from S with {modes} inputs" in err
