@@ -23,8 +23,8 @@ the operation named.
 from __future__ import annotations
 
 import keyword
-import pickle
 import re
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -146,9 +146,17 @@ def load_weights(module: nn.Module, path: str | Path) -> None:
     """Load a state_dict file (tensors only, never pickled objects) into `module`; a file that is
     not one, or does not fit, is an EinspaceError naming it."""
     try:
-        state = torch.load(Path(path), weights_only=True, map_location="cpu")
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise EinspaceError(f"cannot read weights {path}: {str(exc).splitlines()[0]}") from None
+        with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
+            warnings.simplefilter("ignore")
+            state = torch.load(Path(path), weights_only=True, map_location="cpu")
+    except OSError as exc:
+        raise EinspaceError(f"cannot read weights {path}: {exc.strerror or exc}") from None
+    except Exception:  # noqa: BLE001 - whatever a foreign file makes the unpickler raise
+        # torch's own message advises weights_only=False, which would run code from the file: never relay it
+        raise EinspaceError(
+            f"cannot read weights {path}: not a file of tensors saved with torch.save (einspace loads "
+            "tensors only, never other pickled objects)"
+        ) from None
     if not isinstance(state, Mapping):
         raise EinspaceError(f"weights {path} hold a {type(state).__name__}, not a state_dict")
     try:

@@ -3,8 +3,11 @@ the exit status and message it must give, no traceback, and nothing left half-wr
 
 from __future__ import annotations
 
+import collections
+import pickle
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -318,3 +321,38 @@ def test_check_refuses_a_grammar_that_derives_nothing(
     (tmp_path / "g.pcfg").write_text("start S\nS -> clone(b = 2) leaky_relu add\n")
     code, _, err = _run(["check", str(tmp_path / "g.pcfg"), *mode], capsys)
     assert code == 2 and f"g.pcfg:2:1: no tree can be derived from S with {modes} inputs" in err
+
+
+# ---------------------------------------------------------------- weights files
+
+
+def _pickled_object(path: Path) -> None:
+    with path.open("wb") as f:
+        pickle.dump({"w": collections.OrderedDict(a=object)}, f, protocol=4)
+
+
+#: (how the --load file is made, message fragment).
+BAD_WEIGHTS: list[tuple[str, Callable[[Path], None], str]] = [
+    ("text", lambda p: p.write_text("hello\n"), "not a file of tensors saved with torch.save"),
+    ("pickle", _pickled_object, "not a file of tensors saved with torch.save"),
+    ("empty", lambda p: p.write_bytes(b""), "not a file of tensors saved with torch.save"),
+    ("folder", lambda p: p.mkdir(), "Is a directory"),
+    ("missing", lambda p: None, "No such file or directory"),
+]
+
+
+@pytest.mark.parametrize("name, make, message", BAD_WEIGHTS, ids=[c[0] for c in BAD_WEIGHTS])
+def test_weights_that_are_not_a_torch_file_never_suggest_unsafe_loading(
+    tmp_path: Path, capsys, name: str, make: Callable[[Path], None], message: str
+) -> None:
+    (tmp_path / "t.tree").write_text(TREE)
+    make(tmp_path / "w.pt")
+    argv = ["export", str(tmp_path / "t.tree"), "--input", "3,16,16", "--classes", "3"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = _run(
+            [*argv, "--out", str(tmp_path / "m.py"), "--load", str(tmp_path / "w.pt")], capsys
+        )
+    assert code == 2 and f"cannot read weights {tmp_path}/w.pt: {message}" in err
+    assert "weights_only" not in err and "arbitrary code" not in err and not caught
+    assert not (tmp_path / "m.py").exists()
