@@ -356,3 +356,17 @@ def test_weights_that_are_not_a_torch_file_never_suggest_unsafe_loading(
     assert code == 2 and f"cannot read weights {tmp_path}/w.pt: {message}" in err
     assert "weights_only" not in err and "arbitrary code" not in err and not caught
     assert not (tmp_path / "m.py").exists()
+
+
+def test_a_grammar_too_large_to_analyse_says_where_and_which_flag_skips_it(tmp_path: Path, capsys) -> None:
+    n = 5001  # one (symbol, context) pair each: one more than the analysis takes
+    rules = [f"N{i} -> linear(d = 4) N{i + 1} @ 0.5 | identity @ 0.5" for i in range(n)]
+    (tmp_path / "big.pcfg").write_text("\n".join(["start S", "S -> N0", *rules, f"N{n} -> identity"]) + "\n")
+    sample = ["sample", str(tmp_path / "big.pcfg"), "--input", "2,4,4", "--random-seed", "0"]
+    code, _, err = _run(sample, capsys)
+    assert (
+        code == 2
+        and "big.pcfg:5002:1: the consistency analysis stops at 5000 (symbol, context) pairs" in err
+    )
+    assert "skip the analysis with --allow-inconsistent" in err and err.count("\n") == 1
+    assert _run([*sample, "--allow-inconsistent"], capsys)[0] == 0

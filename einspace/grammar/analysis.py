@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from einspace.errors import EinspaceError
+from einspace.errors import EinspaceError, GrammarError
 from einspace.grammar.model import (
     Alternative,
     Grammar,
@@ -110,8 +110,13 @@ class _Analyser:
 
     def note(self, label: Label) -> None:
         if label not in self.out:
-            if len(self.out) >= _MAX_LABELS:
-                raise EinspaceError(f"grammar analysis: more than {_MAX_LABELS} (symbol, context) pairs")
+            if len(self.out) >= _MAX_LABELS:  # its matrices grow with the square of the pairs
+                raise GrammarError(
+                    f"the consistency analysis stops at {_MAX_LABELS} (symbol, context) pairs and {label[0]} "
+                    "here is one more; sample and search skip the analysis with --allow-inconsistent "
+                    "(`allow_inconsistent: true` in an experiment file)",
+                    self.grammar.rules_for(label[0])[0].location,
+                )
             self.out[label] = {}
             self.order.append(label)
 
