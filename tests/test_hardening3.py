@@ -365,8 +365,29 @@ def test_a_grammar_too_large_to_analyse_says_where_and_which_flag_skips_it(tmp_p
     sample = ["sample", str(tmp_path / "big.pcfg"), "--input", "2,4,4", "--random-seed", "0"]
     code, _, err = _run(sample, capsys)
     assert (
-        code == 2
-        and "big.pcfg:5002:1: the consistency analysis stops at 5000 (symbol, context) pairs" in err
+        code == 2 and "big.pcfg:5002:1: the consistency analysis stops at 5000 (symbol, context) pairs" in err
     )
     assert "skip the analysis with --allow-inconsistent" in err and err.count("\n") == 1
     assert _run([*sample, "--allow-inconsistent"], capsys)[0] == 0
+
+
+#: (grammar, the symbol and line an unproductive-symbol error must name, fragment).
+UNPRODUCTIVE: list[tuple[str, str, str]] = [
+    ("start S\nS -> M\nM -> M linear(d = 8)\n", "g.pcfg:3:1: non-terminal M never derives", ""),
+    ("start S\nS -> identity M\nM -> linear(d = 8) M\n", "g.pcfg:3:1: non-terminal M never derives", ""),
+    (
+        "start S\nS -> A\nA -> B linear(d = 8)\nB -> identity A\n",
+        "g.pcfg:3:1: non-terminal A",
+        "cycle A -> B -> A",
+    ),
+    ("start S\nS -> S identity\n", "g.pcfg:2:1: non-terminal S never derives", ""),
+]
+
+
+@pytest.mark.parametrize("text, where, fragment", UNPRODUCTIVE)
+def test_a_left_recursive_rule_is_reported_under_its_own_symbol(
+    tmp_path: Path, capsys, text: str, where: str, fragment: str
+) -> None:
+    (tmp_path / "g.pcfg").write_text(text)
+    code, _, err = _run(["check", str(tmp_path / "g.pcfg")], capsys)
+    assert code == 2 and where in err and fragment in err
