@@ -152,7 +152,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     grammar = load(args.grammar)
     state = parse_input(args.input, args.mode)
-    require_consistent(grammar, state.mode, args.allow_inconsistent)
+    require_consistent(grammar, state, args.allow_inconsistent)
     sampler = make_sampler(grammar, state, _limits(args), args.sampling, args.random_seed)
     out_dir = Path(args.out) if args.out else None
     if out_dir:

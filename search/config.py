@@ -503,7 +503,7 @@ def _check_references(experiment: Experiment) -> Experiment:
     multi_fidelity = experiment.multi_fidelity.resolved(evaluator, experiment.source)
     experiment = replace(experiment, multi_fidelity=multi_fidelity)
     space = experiment.space()
-    require_consistent(space.grammar, space.input.mode, experiment.allow_inconsistent)
+    require_consistent(space.grammar, space.input, experiment.allow_inconsistent)
     experiment.make_strategy(space)
     return experiment
 

@@ -391,3 +391,20 @@ def test_a_left_recursive_rule_is_reported_under_its_own_symbol(
     (tmp_path / "g.pcfg").write_text(text)
     code, _, err = _run(["check", str(tmp_path / "g.pcfg")], capsys)
     assert code == 2 and where in err and fragment in err
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["checked", "allow-inconsistent"])
+def test_a_col_grammar_with_an_image_input_names_both_and_leaves_no_run(
+    tmp_path: Path, capsys, allow: bool
+) -> None:
+    raw = merge(BASE, {
+        "run_dir": str(tmp_path / "run"), "grammar": "einspace_1d", "input": {"shape": [1, 8, 8]},
+        "evaluator": {"name": "training", "settings": {"dataset": "digits", "epochs": 1}},
+        "allow_inconsistent": allow,
+    })  # fmt: skip
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    code, _, err = _run(["search", str(tmp_path / "exp.yaml")], capsys)
+    assert code == 2 and "einspace_1d.pcfg derives no tree from the input im[1x8x8]" in err
+    assert not (tmp_path / "run").exists()
+    code, _, err = _run(["sample", "einspace_1d", "--input", "3,8,8"], capsys)
+    assert code == 2 and "einspace_1d.pcfg derives no tree from the input im[3x8x8]" in err
