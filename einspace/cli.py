@@ -205,8 +205,35 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     print(f"# {args.tree}  hash {content_hash(tree)}")
     print(f"# {_stats_line(checked)}")
+    print("\n".join(f"# {line}" for line in _cost_lines(checked)))
     print(_outline(checked))
     return 0
+
+
+#: FLOPs per example above which `show` warns that running the network on a CPU is slow.
+SLOW_FLOPS = 10**9
+
+
+def _cost_lines(checked: CheckedTree) -> list[str]:
+    """What building and running the tree would cost, and whether this machine can: memory of the
+    float32 parameters and of one example's activations, and the FLOPs per example in words."""
+    from einspace.evaluators.budgets import activation_bytes
+    from einspace.memory import format_bytes, require_memory
+
+    parameters, activations = 4 * checked.params, activation_bytes(checked, 1)
+    lines = [
+        f"memory: {format_bytes(parameters)} of float32 parameters, {format_bytes(activations)} of "
+        f"activations per example; {checked.flops / 1e9:,.3g} GFLOPs per example"
+    ]
+    try:
+        require_memory({"float32 parameters": parameters}, "building it")
+    except EinspaceError as exc:
+        lines.append(f"too large: {exc}")
+    if checked.flops > SLOW_FLOPS:
+        lines.append(
+            "slow: over a GFLOP per example; on a CPU one forward pass over a batch may take minutes"
+        )
+    return lines
 
 
 def _outline(checked: CheckedTree) -> str:

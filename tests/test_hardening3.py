@@ -15,7 +15,11 @@ import torch
 import yaml
 from search_helpers import BASE, merge
 
+import einspace as es
 from einspace.cli import main
+from einspace.errors import EinspaceError
+from einspace.evaluators.base import Task, run_task
+from einspace.memory import LIMIT_VARIABLE
 from einspace.ops import unregister_op
 
 TREE = "(S (M (C linear(d=16))) (M (C linear(d=16))))\n"
@@ -408,3 +412,56 @@ def test_a_col_grammar_with_an_image_input_names_both_and_leaves_no_run(
     assert not (tmp_path / "run").exists()
     code, _, err = _run(["sample", "einspace_1d", "--input", "3,8,8"], capsys)
     assert code == 2 and "einspace_1d.pcfg derives no tree from the input im[3x8x8]" in err
+
+
+# ---------------------------------------------------------------- memory
+
+
+@pytest.fixture
+def tiny_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stated limit of 1 KiB, and any attempt to build a module an error: refusals come first."""
+    monkeypatch.setenv(LIMIT_VARIABLE, str(1 / 2**20))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a module was built for a network that does not fit")
+
+    monkeypatch.setattr("einspace.compiler._Compiler.sequence", never)
+
+
+def test_compile_network_refuses_a_network_larger_than_the_memory_limit(tiny_memory: None) -> None:
+    checked = es.check_tree(es.parse_tree(TREE), None, es.FeatureState((3, 16, 16), "im"))
+    with pytest.raises(EinspaceError) as info:
+        es.compile_network(checked, classes=3)
+    message = str(info.value)
+    assert "building a network of 336 parameters would need about 1.3 KiB of float32 parameters" in message
+    assert f"more than the 1.0 KiB stated by {LIMIT_VARIABLE}" in message
+
+
+def test_export_weights_refuses_it_and_writes_nothing(tiny_memory: None, tmp_path: Path, capsys) -> None:
+    (tmp_path / "t.tree").write_text(TREE)
+    argv = ["export", str(tmp_path / "t.tree"), "--input", "3,16,16", "--classes", "3"]
+    code, _, err = _run([*argv, "--out", str(tmp_path / "m.py"), "--weights", str(tmp_path / "w.pt")], capsys)
+    assert code == 2 and "336 parameters would need about 1.3 KiB" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.tree"]
+
+
+def test_training_refuses_before_building_with_parameter_and_activation_numbers(tiny_memory: None) -> None:
+    settings = {"dataset": "digits", "epochs": 1, "train_subset": 64, "valid_subset": 32, "device": "cpu"}
+    result = run_task(Task(TREE, "einspace", (1, 8, 8), "training", settings))
+    assert not result.ok and result.error is not None
+    assert "training a network of" in result.error and "of activations for a batch of 256" in result.error
+    assert "of weights, gradients and optimiser state" in result.error
+
+
+def test_show_prints_memory_and_flops_and_says_what_does_not_fit(
+    tiny_memory: None, tmp_path: Path, capsys
+) -> None:
+    (tmp_path / "t.tree").write_text(TREE)
+    code, out, _ = _run(["show", str(tmp_path / "t.tree"), "--input", "3,16,16"], capsys)
+    assert code == 0
+    assert (
+        "# memory: 1.3 KiB of float32 parameters, 35.0 KiB of activations per example; 0.000164 GFLOPs" in out
+    )
+    assert "# too large: building it would need about 1.3 KiB" in out
+    code, out, _ = _run(["show", "resnet18", "--input", "3,64,64"], capsys)
+    assert "# slow: over a GFLOP per example" in out
