@@ -18,7 +18,7 @@ from pathlib import Path
 
 from einspace.errors import EinspaceError
 
-__all__ = ["PluginError", "load_plugins", "where_failed"]
+__all__ = ["PluginError", "is_loaded", "load_plugins", "where_failed"]
 
 
 class PluginError(EinspaceError):
@@ -32,14 +32,27 @@ def load_plugins(plugins: Sequence[str]) -> None:
     the line of its own code that failed, never a traceback.
     """
     for plugin in plugins:
-        if plugin.endswith(".py") or os.sep in plugin:
+        if _is_file(plugin):
             _load_file(Path(plugin).resolve(), plugin)
         else:
             _load_module(plugin)
 
 
+def is_loaded(plugin: str) -> bool:
+    """Whether `plugin` was imported already (loading it again runs none of its code)."""
+    return (_module_name(Path(plugin).resolve()) if _is_file(plugin) else plugin) in sys.modules
+
+
+def _is_file(plugin: str) -> bool:
+    return plugin.endswith(".py") or os.sep in plugin
+
+
+def _module_name(path: Path) -> str:
+    return f"einspace_plugin_{path.stem}_{sha1(str(path).encode()).hexdigest()[:8]}"
+
+
 def _load_file(path: Path, given: str) -> None:
-    name = f"einspace_plugin_{path.stem}_{sha1(str(path).encode()).hexdigest()[:8]}"
+    name = _module_name(path)
     if name in sys.modules:
         return
     if not path.is_file():

@@ -57,6 +57,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="also write a self-contained HTML report with pictures (default FILE: RUN_DIR/report.html)",
     )
+    add_trust_plugins(rep)
     rep.set_defaults(run=cmd_report)
 
     from einspace.search import learn
@@ -142,6 +143,15 @@ class _StopOnSignal:
     def restore(self) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+def add_trust_plugins(parser: argparse.ArgumentParser) -> None:
+    """The consent a command reading a run directory needs before it imports the run's plugins."""
+    parser.add_argument(
+        "--trust-plugins",
+        action="store_true",
+        help="import the plugins the run was searched with (this runs their code: only for runs you trust)",
+    )
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -232,9 +242,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.html:
         writable(args.html)  # before the report is printed
-    print(report(args.run_dir, args.top, not args.no_plot, args.full))
+    print(report(args.run_dir, args.top, not args.no_plot, args.full, args.trust_plugins))
     if args.html is not None:
         from einspace.search.html_report import write_html_report
 
-        print(f"wrote {write_html_report(args.run_dir, args.html or None, args.top)}")
+        print(f"wrote {write_html_report(args.run_dir, args.html or None, args.top, args.trust_plugins)}")
     return 0

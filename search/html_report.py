@@ -252,13 +252,16 @@ def _compute_section(history: list[Record], name: str) -> list[str]:
     ]
 
 
-def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: int = 5) -> Path:
-    """Write the run's report page (default RUN_DIR/report.html) and return its path."""
+def write_html_report(
+    run_dir: str | Path, path: str | Path | None = None, top: int = 5, trust_plugins: bool = False
+) -> Path:
+    """Write the run's report page (default RUN_DIR/report.html) and return its path (the run's
+    plugins imported only when `trust_plugins`)."""
     from einspace.pictures.files import page, tree_section
     from einspace.search.report import best_records, metric_lines, plot_fitness, record_tags
 
     run_dir = Path(run_dir)
-    with SearchRun.open(run_dir) as run:  # what it read stays readable once closed
+    with SearchRun.open(run_dir, trust_plugins) as run:  # what it read stays readable once closed
         history = run.store.history()
     path = writable(path if path is not None else run_dir / "report.html")  # before drawing
     name = run.experiment.name if run.experiment else run_dir.name

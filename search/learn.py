@@ -16,6 +16,8 @@ __all__ = ["add_command", "learn_from_run"]
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
+    from einspace.search.cli import add_trust_plugins
+
     learn = sub.add_parser(
         "learn-probabilities",
         help="estimate rule probabilities from a run's fittest trees and write them as a grammar file",
@@ -47,11 +49,22 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="allow --out to replace a grammar file the run reads (the run then cannot resume)",
     )
+    add_trust_plugins(learn)
     learn.set_defaults(run=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    print(learn_from_run(args.run_dir, args.out, args.top, args.prior_strength, args.max_rho, args.force))
+    print(
+        learn_from_run(
+            args.run_dir,
+            args.out,
+            args.top,
+            args.prior_strength,
+            args.max_rho,
+            args.force,
+            args.trust_plugins,
+        )
+    )
     return 0
 
 
@@ -62,15 +75,17 @@ def learn_from_run(
     prior_strength: float = 10.0,
     max_rho: float = 0.99,
     force: bool = False,
+    trust_plugins: bool = False,
 ) -> str:
     """Learn from the `top` fittest distinct trees of a run, write the grammar to `out`, and return
     a summary of what changed. `out` may replace a grammar file the run reads only when `force`:
-    the run's identity covers its grammar, so it could never resume."""
+    the run's identity covers its grammar, so it could never resume. The run's plugins are
+    imported only when `trust_plugins`."""
     from einspace.search.loop import SearchRun
     from einspace.search.report import best_records
     from einspace.tree import parse_tree
 
-    with SearchRun.open(run_dir) as run:
+    with SearchRun.open(run_dir, trust_plugins) as run:
         history = run.store.history()
     out = writable(out)
     if not force and out.exists() and out.resolve() in _grammar_files(run.grammar):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
-from einspace.plugins import load_plugins
+from einspace.plugins import is_loaded, load_plugins
 from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
 from einspace.search.store import Record, SQLiteStore, Store
@@ -84,6 +84,7 @@ class SearchRun:
         self.store = store
         self.experiment = experiment
         self._problem = problem  # why `experiment` is None
+        self.unloaded_plugins: tuple[str, ...] = ()  # the run's plugins not imported (see `open`)
 
     @classmethod
     def start(cls, experiment: Experiment, run_dir: str | Path | None = None) -> SearchRun:
@@ -99,9 +100,11 @@ class SearchRun:
         return run
 
     @classmethod
-    def open(cls, run_dir: str | Path) -> SearchRun:
-        """An existing run, read-only, with the plugins it was searched with loaded (an error if
-        there is no run there, or its plugins no longer load)."""
+    def open(cls, run_dir: str | Path, trust_plugins: bool = False) -> SearchRun:
+        """An existing run, read-only (an error if there is no run there). The plugins it was
+        searched with are imported only when `trust_plugins` (an error if they no longer load):
+        importing runs their code, and a run directory may come from anyone. Those not imported,
+        here or before, are listed in `unloaded_plugins`."""
         path = Path(run_dir) / STORE_NAME
         if not path.is_file():
             raise EinspaceError(f"{run_dir} is not a search run directory (no {STORE_NAME} in it)")
@@ -110,12 +113,15 @@ class SearchRun:
             experiment, problem = Experiment.from_json(store.get_meta("config") or "{}", str(path)), ""
         except EinspaceError as exc:
             experiment, problem = None, str(exc)
+        plugins = experiment.plugins if experiment else ()
         try:
-            load_plugins(experiment.plugins if experiment else ())  # the run's operations and evaluators
+            load_plugins(plugins if trust_plugins else ())  # the run's operations and evaluators
         except EinspaceError as exc:
             store.close()
             raise EinspaceError(f"{run_dir} was searched with plugins that no longer load: {exc}") from None
-        return cls(Path(run_dir), store, experiment, problem)
+        run = cls(Path(run_dir), store, experiment, problem)
+        run.unloaded_plugins = tuple(p for p in plugins if not is_loaded(p))
+        return run
 
     def _claim(self, experiment: Experiment) -> None:
         """Refuse a store of another experiment; record this one's identity and config."""
@@ -170,7 +176,8 @@ class SearchRun:
     def grammar(self) -> Grammar:
         from einspace.bundled import load
 
-        return load(self._known().grammar)
+        with self._plugin_hint():
+            return load(self._known().grammar)
 
     @property
     def input(self) -> FeatureState:
@@ -182,6 +189,26 @@ class SearchRun:
         from einspace.tree import parse_tree
 
         return check_tree(parse_tree(tree), self.grammar, self.input)
+
+    def plugin_note(self) -> str:
+        """A sentence on the run's plugins left unloaded, and how to load them ("" if none)."""
+        if not self.unloaded_plugins:
+            return ""
+        return (
+            f"the run was searched with plugins not loaded here ({', '.join(self.unloaded_plugins)}); "
+            "importing them runs their code: pass --trust-plugins to import them, or --plugin for the ones "
+            "you choose"
+        )
+
+    @contextmanager
+    def _plugin_hint(self) -> Iterator[None]:
+        """An error that unloaded plugins may explain says so."""
+        try:
+            yield
+        except EinspaceError as exc:
+            if not self.unloaded_plugins:
+                raise
+            raise EinspaceError(f"{exc}\n({self.plugin_note()})") from None
 
     # ---------------------------------------------------------------- the search
     def run(

@@ -94,7 +94,7 @@ def _stats(tree: str, run: SearchRun) -> str:
     try:
         return run.check(tree).stats.summary()
     except EinspaceError as exc:
-        return f"(statistics unavailable: {exc})"
+        return f"(statistics unavailable: {str(exc).splitlines()[0]})"  # the header says why at length
 
 
 def failure_reasons(history: list[Record]) -> list[tuple[str, int]]:
@@ -304,12 +304,14 @@ def _seed_lines(history: list[Record]) -> list[str]:
     return lines
 
 
-def report(run_dir: str | Path, top: int = 5, plot: bool = True, full: bool = False) -> str:
+def report(
+    run_dir: str | Path, top: int = 5, plot: bool = True, full: bool = False, trust_plugins: bool = False
+) -> str:
     """The report text; also writes RUN_DIR/evaluations.csv, RUN_DIR/fitness.png and
     RUN_DIR/compute.png. Trees are printed folded (see `einspace.pictures.folding`), or as their
-    full one-line text (`full`)."""
+    full one-line text (`full`). The run's plugins are imported only when `trust_plugins`."""
     run_dir = Path(run_dir)
-    with SearchRun.open(run_dir) as run:
+    with SearchRun.open(run_dir, trust_plugins) as run:
         history = run.store.history()
         lines = _header_lines(run, history) + [""]
         lines += _top_lines(run, best_records(history, top), full)
@@ -340,6 +342,8 @@ def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
         f"{counts['cached']}); running/queued at last stop: {len(run.store.running())}"
         + ("  [complete]" if strategy and strategy.done else ""),
     ]
+    if run.plugin_note():
+        lines.append(f"plugins: {run.plugin_note()}")
     if history:
         overall, fidelities = compute_rows(history)
         lines.append("compute: " + "; ".join(f"{what} {much}" for what, much in overall))

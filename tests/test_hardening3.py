@@ -32,9 +32,10 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
-def forget_plugin(op: str, stem: str) -> None:
-    """As if in a fresh process: the operation unregistered and its plugin module not imported."""
-    unregister_op(op)
+def forget_plugin(op: str | None, stem: str) -> None:
+    """As if in a fresh process: the operation unregistered and the plugin file `stem`.py not imported."""
+    if op is not None:
+        unregister_op(op)
     for name in [m for m in sys.modules if m.startswith(f"einspace_plugin_{stem}_")]:
         del sys.modules[name]
 
@@ -465,3 +466,76 @@ def test_show_prints_memory_and_flops_and_says_what_does_not_fit(
     assert "# too large: building it would need about 1.3 KiB" in out
     code, out, _ = _run(["show", "resnet18", "--input", "3,64,64"], capsys)
     assert "# slow: over a GFLOP per example" in out
+
+
+# ---------------------------------------------------------------- security
+
+
+#: A plugin that leaves a mark when it is imported (its code ran).
+MARKING_PLUGIN = """from pathlib import Path
+Path(__file__).with_name("imported.mark").write_text("ran")
+"""
+
+
+@pytest.fixture
+def run_with_plugin(tmp_path: Path) -> Path:
+    """A finished run whose experiment names a plugin, the plugin since forgotten (a fresh process)."""
+    (tmp_path / "marking.py").write_text(MARKING_PLUGIN)
+    raw = merge(BASE, {
+        "run_dir": str(tmp_path / "run"), "plugins": [*BASE["plugins"], str(tmp_path / "marking.py")],
+        "strategy": {"settings": {"evaluations": 3}},
+    })  # fmt: skip
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["search", str(tmp_path / "exp.yaml"), "--quiet"]) == 0
+    (tmp_path / "imported.mark").unlink()
+    yield tmp_path / "run"
+    forget_plugin(None, "marking")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["report", "{run}", "--no-plot"], ["report", "{run}", "--no-plot", "--html", "{d}/r.html"]],
+    ids=["report", "report-html"],
+)
+def test_report_imports_a_runs_plugins_only_with_consent(
+    run_with_plugin: Path, capsys, command: list[str]
+) -> None:
+    d, mark = run_with_plugin.parent, run_with_plugin.parent / "imported.mark"
+    forget_plugin(None, "marking")
+    argv = [a.format(run=run_with_plugin, d=d) for a in command]
+    code, out, _ = _run(argv, capsys)
+    assert code == 0 and not mark.exists()
+    assert f"plugins: the run was searched with plugins not loaded here ({d}/marking.py)" in out
+    assert "--trust-plugins" in out
+    code, out, _ = _run([*argv, "--plugin", str(d / "marking.py")], capsys)  # chosen by the user
+    assert code == 0 and mark.read_text() == "ran" and "plugins:" not in out
+    mark.unlink()
+    forget_plugin(None, "marking")
+    code, out, _ = _run([*argv, "--trust-plugins"], capsys)
+    assert code == 0 and mark.read_text() == "ran" and "plugins:" not in out
+
+
+def test_learn_probabilities_imports_a_runs_plugins_only_with_consent(run_with_plugin: Path, capsys) -> None:
+    d = run_with_plugin.parent
+    forget_plugin(None, "marking")
+    code, _, _ = _run(["learn-probabilities", str(run_with_plugin), "--out", str(d / "l.pcfg")], capsys)
+    assert code == 0 and not (d / "imported.mark").exists()
+    code, _, _ = _run(
+        ["learn-probabilities", str(run_with_plugin), "--out", str(d / "l.pcfg"), "--trust-plugins"], capsys
+    )
+    assert code == 0 and (d / "imported.mark").exists()
+
+
+def test_readme_security_section_lists_everything_that_runs_code() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## Security\n", 1)[1].split("\n## ", 1)[0]
+    for what in (
+        "--plugin",
+        "plugins:",
+        "import-model",
+        "--trust-plugins",
+        "weights_only=True",
+        "allow_pickle=False",
+    ):
+        assert what in section, what
+    assert "EINSPACE_MEMORY_LIMIT_GB" in section
