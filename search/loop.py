@@ -113,12 +113,15 @@ class SearchRun:
             experiment, problem = Experiment.from_json(store.get_meta("config") or "{}", str(path)), ""
         except EinspaceError as exc:
             experiment, problem = None, str(exc)
-        plugins = experiment.plugins if experiment else ()
-        try:
-            load_plugins(plugins if trust_plugins else ())  # the run's operations and evaluators
-        except EinspaceError as exc:
-            store.close()
-            raise EinspaceError(f"{run_dir} was searched with plugins that no longer load: {exc}") from None
+        plugins = experiment.plugins if experiment else ()  # the run's operations and evaluators
+        if trust_plugins:
+            try:
+                load_plugins(plugins)
+            except EinspaceError as exc:
+                store.close()
+                raise EinspaceError(
+                    f"{run_dir} was searched with plugins that no longer load: {exc}"
+                ) from None
         run = cls(Path(run_dir), store, experiment, problem)
         run.unloaded_plugins = tuple(p for p in plugins if not is_loaded(p))
         return run
