@@ -46,8 +46,8 @@ def _files(root: Path) -> set[Path]:
 
 # ---------------------------------------------------------------- bad output paths
 
-#: (arguments after the command's inputs, the message fragment); `{d}` is a folder holding
-#: `afile` (a regular file) and the folders `dir.png`, `dir.html`, `dir.py`, `dir.pcfg`.
+#: (command-case, output options, message fragment): the command is the name's first word;
+#: `{d}` holds `afile` (a regular file) and the folders `dir.png`, `dir.html`, `dir.py`, `dir.pcfg`.
 BAD_OUTPUTS: list[tuple[str, list[str], str]] = [
     ("export-weights-missing", ["--out", "{d}/ok.py", "--weights", "{d}/missing/w.pt"], "there is no folder"),
     ("export-out-directory", ["--out", "{d}/dir.py"], "{d}/dir.py: it is a directory"),
