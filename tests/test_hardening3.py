@@ -61,6 +61,11 @@ BAD_OUTPUTS: list[tuple[str, list[str], str]] = [
     ("report-html-directory", ["--html", "{d}/dir.html"], "it is a directory"),
     ("learn-missing", ["--out", "{d}/missing/g.pcfg"], "there is no folder"),
     ("learn-directory", ["--out", "{d}/dir.pcfg"], "it is a directory"),
+    (
+        "import-weights-missing",
+        ["--out", "{d}/ok.tree", "--weights", "{d}/missing/w.pt"],
+        "there is no folder",
+    ),
 ]
 
 
@@ -96,6 +101,7 @@ def test_a_bad_output_path_is_one_sentence_and_nothing_is_written(
         "show": ["show", str(d / "t.tree"), "--input", "3,16,16"],
         "report": ["report", str(finished_run), "--no-plot"],
         "learn": ["learn-probabilities", str(finished_run)],
+        "import": ["import-model", "torchvision.models:resnet18", "--input", "3,16,16"],  # checked after
     }[name.partition("-")[0]]
     before = _files(d) | _files(finished_run)
     code, out, err = _run([*inputs, *(o.format(d=d) for o in options)], capsys)
