@@ -41,6 +41,8 @@ def resolve(name_or_path: str | Path, bundled: dict[str, Path], what: str, plura
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise EinspaceError(f"{str(name_or_path)!r} is a folder; give a {what} file")
     names = ", ".join(sorted(bundled)) or "none"
     raise EinspaceError(f"no {what} file {str(name_or_path)!r} (bundled {plural}: {names})")
 

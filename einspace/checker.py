@@ -16,7 +16,7 @@ from einspace.grammar.model import (
     SymbolItem,
     format_alternative,
 )
-from einspace.ops.registry import Group, get_op
+from einspace.ops.registry import Group, canonical_args, get_op
 from einspace.state import FeatureState, Signal, describe
 from einspace.tree import (
     Node,
@@ -167,11 +167,13 @@ class _Checker(TreeVisitor[tuple[Signal, int, int]]):
             raise self.fail(path, str(exc)) from None
         args = dict(node.args)
         try:
+            canonical_args(op, args)
+        except EinspaceError as exc:
+            raise self.fail(path, f"bad arguments for {node.op}: {exc}") from None
+        try:
             out = op.transfer(signal, args)
         except Infeasible as exc:
             raise self.fail(path, f"{node.op} cannot apply to {describe(signal)}: {exc}") from None
-        except (KeyError, TypeError) as exc:
-            raise self.fail(path, f"bad arguments for {node.op}: {exc!r}") from None
         return out, op.param_count(signal, args), op.flops(signal, args)
 
     def match_rule(self, node: Nonterminal, path: Path_, signal: Signal) -> None:

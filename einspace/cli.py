@@ -10,10 +10,11 @@ from pathlib import Path
 
 from einspace.bundled import names_bundled
 from einspace.checker import CheckedTree, check_tree
-from einspace.errors import EinspaceError, SeedFitError
+from einspace.errors import EinspaceError, GrammarError, SeedFitError
 from einspace.grammar.model import Grammar
 from einspace.grammar.parser import load_grammar
 from einspace.ops.registry import get_op, list_ops
+from einspace.outputs import writable, write_output
 from einspace.plugins import load_plugins
 from einspace.sampling import SAMPLING_MODES, make_sampler
 from einspace.sampling.base import Limits
@@ -99,6 +100,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         analyses = derivable or analyses
     for analysis in analyses:
         print(format_analysis(analysis, contexts=args.contexts))
+    if not any(a.derivable for a in analyses):
+        modes = " or ".join(a.mode for a in analyses)
+        raise GrammarError(
+            f"no tree can be derived from {grammar.start} with {modes} inputs: every derivation reaches "
+            "an operation that cannot apply there (see the WARNING lines above)",
+            grammar.rules_for(grammar.start)[0].location,
+        )
     unused = never_taken(grammar, analyses)
     if unused:
         print(f"never taken ({len(unused)}): no input of these modes reaches them where they can apply")
@@ -146,13 +154,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     grammar = load_grammar(args.grammar)
     state = parse_input(args.input, args.mode)
-    require_consistent(grammar, state.mode, args.allow_inconsistent)
+    require_consistent(grammar, state, args.allow_inconsistent)
     sampler = make_sampler(grammar, state, _limits(args), args.sampling, args.random_seed)
     out_dir = Path(args.out) if args.out else None
     if out_dir:
         if out_dir.exists() and not out_dir.is_dir():
             raise EinspaceError(f"--out {out_dir} is a file; give a directory for the tree files")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EinspaceError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
     for i in range(args.n):
         tree = sampler.sample()
         checked = check_tree(tree, grammar, state)
@@ -172,7 +183,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             print(pretty(tree) if args.format == "pretty" else to_text(tree))
             print()
         if out_dir:
-            (out_dir / f"tree_{i:04d}.tree").write_text(pretty(tree) + "\n")
+            write_output(out_dir / f"tree_{i:04d}.tree", pretty(tree) + "\n")
     return 0
 
 
@@ -203,8 +214,35 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     print(f"# {args.tree}  hash {content_hash(tree)}")
     print(f"# {_stats_line(checked)}")
+    print("\n".join(f"# {line}" for line in _cost_lines(checked)))
     print(_outline(checked))
     return 0
+
+
+#: FLOPs per example above which `show` warns that running the network on a CPU is slow.
+SLOW_FLOPS = 10**9
+
+
+def _cost_lines(checked: CheckedTree) -> list[str]:
+    """What building and running the tree would cost, and whether this machine can: memory of the
+    float32 parameters and of one example's activations, and the FLOPs per example in words."""
+    from einspace.evaluators.budgets import activation_bytes
+    from einspace.network.memory import format_bytes, require_memory
+
+    parameters, activations = 4 * checked.params, activation_bytes(checked, 1)
+    lines = [
+        f"memory: {format_bytes(parameters)} of float32 parameters, {format_bytes(activations)} of "
+        f"activations per example; {checked.flops / 1e9:,.3g} GFLOPs per example"
+    ]
+    try:
+        require_memory({"float32 parameters": parameters}, "building it")
+    except EinspaceError as exc:
+        lines.append(f"too large: {exc}")
+    if checked.flops > SLOW_FLOPS:
+        lines.append(
+            "slow: over a GFLOP per example; on a CPU one forward pass over a batch may take minutes"
+        )
+    return lines
 
 
 def _outline(checked: CheckedTree) -> str:
@@ -279,6 +317,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from einspace.network.compiler import compile_network
     from einspace.network.export import class_name, export_tree, load_weights, save_weights
 
+    _check_outputs(args.out, args.weights)
     grammar = load_grammar(args.grammar)
     state = parse_input(args.input, args.mode)
     tree = _tree_or_seed(args.tree, grammar, state)
@@ -289,7 +328,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.load:
         load_weights(network, args.load)
     exported = export_tree(checked, name=name, network=network)
-    _write(args.out, exported.source)
+    write_output(args.out, exported.source)
     params = sum(p.numel() for p in network.parameters())
     print(f"wrote {args.out}: class {name}, {params:,} parameters, needs torch only")
     if args.weights:
@@ -305,12 +344,13 @@ def cmd_import_model(args: argparse.Namespace) -> int:
     from einspace.network.export import save_weights
     from einspace.network.importer import import_model, load_factory
 
+    _check_outputs(args.out, args.weights)
     grammar = load_grammar(args.grammar)
     state = parse_input(args.input, args.mode)
     model = load_factory(args.model)
     torch.manual_seed(args.random_seed)  # the fresh weights of substituted layers
     imported = import_model(model, state, grammar, substitute=args.substitute)
-    _write(args.out, imported.tree_file(f"einspace import-model {args.model} --input {args.input}"))
+    write_output(args.out, imported.tree_file(f"einspace import-model {args.model} --input {args.input}"))
     for line in imported.substitutions:
         print(f"substituted: {line}")
     print(f"wrote {args.out}: {_stats_line(check_tree(imported.tree, grammar, state))}")
@@ -321,11 +361,11 @@ def cmd_import_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
-    except OSError as exc:
-        raise EinspaceError(f"cannot write {path}: {exc.strerror or exc}") from None
+def _check_outputs(*paths: str | None) -> None:
+    """Check every output path before any work, so that one bad path leaves nothing written."""
+    for path in paths:
+        if path:
+            writable(path)
 
 
 def _add_package_commands(package: str, sub: argparse._SubParsersAction) -> None:

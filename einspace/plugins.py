@@ -18,7 +18,7 @@ from pathlib import Path
 
 from einspace.errors import EinspaceError
 
-__all__ = ["PluginError", "load_plugins"]
+__all__ = ["PluginError", "is_loaded", "load_plugins", "where_failed"]
 
 
 class PluginError(EinspaceError):
@@ -32,14 +32,27 @@ def load_plugins(plugins: Sequence[str]) -> None:
     the line of its own code that failed, never a traceback.
     """
     for plugin in plugins:
-        if plugin.endswith(".py") or os.sep in plugin:
+        if _is_file(plugin):
             _load_file(Path(plugin).resolve(), plugin)
         else:
             _load_module(plugin)
 
 
+def is_loaded(plugin: str) -> bool:
+    """Whether `plugin` was imported already (loading it again runs none of its code)."""
+    return (_module_name(Path(plugin).resolve()) if _is_file(plugin) else plugin) in sys.modules
+
+
+def _is_file(plugin: str) -> bool:
+    return plugin.endswith(".py") or os.sep in plugin
+
+
+def _module_name(path: Path) -> str:
+    return f"einspace_plugin_{path.stem}_{sha1(str(path).encode()).hexdigest()[:8]}"
+
+
 def _load_file(path: Path, given: str) -> None:
-    name = f"einspace_plugin_{path.stem}_{sha1(str(path).encode()).hexdigest()[:8]}"
+    name = _module_name(path)
     if name in sys.modules:
         return
     if not path.is_file():
@@ -51,9 +64,11 @@ def _load_file(path: Path, given: str) -> None:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any failure in user code becomes a sentence
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure in user code becomes a sentence
         del sys.modules[name]
-        raise PluginError(f"plugin {given!r} failed while importing: {_where(exc, str(path))}") from None
+        raise PluginError(
+            f"plugin {given!r} failed while importing: {where_failed(exc, str(path))}"
+        ) from None
 
 
 def _load_module(plugin: str) -> None:
@@ -64,14 +79,16 @@ def _load_module(plugin: str) -> None:
     except ModuleNotFoundError as exc:
         if exc.name and plugin.startswith(exc.name):
             raise PluginError(f"plugin module {plugin!r} cannot be imported: {exc}") from None
-        raise PluginError(f"plugin {plugin!r} failed while importing: {_where(exc, None)}") from None
-    except Exception as exc:  # noqa: BLE001 - any failure in user code becomes a sentence
-        raise PluginError(f"plugin {plugin!r} failed while importing: {_where(exc, None)}") from None
+        raise PluginError(f"plugin {plugin!r} failed while importing: {where_failed(exc, None)}") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure in user code becomes a sentence
+        raise PluginError(f"plugin {plugin!r} failed while importing: {where_failed(exc, None)}") from None
 
 
-def _where(exc: BaseException, path: str | None) -> str:
+def where_failed(exc: BaseException, path: str | None) -> str:
     """`ErrorType: message (file:line)`, the line being the plugin's own deepest frame that failed."""
     frames = traceback.extract_tb(exc.__traceback__)
     own = [f for f in frames if path is None or f.filename == path] or frames
     place = f" ({own[-1].filename}:{own[-1].lineno})" if own else ""
+    if isinstance(exc, SystemExit):  # an import must not end the command, whatever the status
+        return f"it called sys.exit({exc.code!r}){place}"
     return f"{type(exc).__name__}: {exc}{place}"

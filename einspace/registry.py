@@ -113,10 +113,14 @@ class Registry(Generic[T]):
         `settings` (from a person). A setting the class does not take is an EinspaceError naming it;
         what the class raises itself, TypeError included, passes through unchanged, so a bug in a
         constructor is never reported as a bad setting. Checking values is the class's job."""
-        cls: Any = self.get(name)
         settings = {} if settings is None else settings
-        _check_settings(f"{self.kind} {name!r}", inspect.signature(cls), settings, args, given)
-        return cls(*args, **given, **settings)
+        self.check_settings(name, settings, *args, **given)
+        return self.get(name)(*args, **given, **settings)
+
+    def check_settings(self, name: str, settings: Mapping[str, Any], /, *args: Any, **given: Any) -> None:
+        """What `create` checks of the setting names, without creating anything (so a search can
+        refuse a typo before it starts, when no network exists to pass as `args`)."""
+        _check_settings(f"{self.kind} {name!r}", inspect.signature(self.get(name)), settings, args, given)
 
     def _unknown_message(self, name: str) -> str:
         known = sorted(self._entries)

@@ -13,6 +13,7 @@ epoch), and a network loss adds its own metrics after training.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ from einspace.ops.trainable import (
     auxiliary_loss_modules,
     auxiliary_losses,
     build_network_loss,
+    check_network_loss,
     network_losses,
 )
 
@@ -32,15 +34,31 @@ __all__ = ["AuxiliaryObjective", "check_auxiliary_settings"]
 
 
 def check_auxiliary_settings(settings: Mapping[str, Any]) -> None:
-    """Weights are numbers >= 0; a mapping is for a registered network loss and has a weight."""
+    """Weights are numbers >= 0; a mapping is for a registered network loss, has a weight, and
+    options that loss takes. A name close to a network loss's but not one is a typo, refused:
+    otherwise it would weigh a module term no module provides, and no loss would be applied."""
     for name, value in settings.items():
+        key = f"setting auxiliary_losses.{name}"
         weight = value.get("weight", 1.0) if isinstance(value, Mapping) else value
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise EinspaceError(f"auxiliary loss {name!r}: the weight must be a number >= 0, got {weight!r}")
-        if isinstance(value, Mapping) and name not in network_losses():
+            raise EinspaceError(f"{key}: the weight must be a number >= 0, got {weight!r}")
+        if name in network_losses():
+            options = {k: v for k, v in value.items() if k != "weight"} if isinstance(value, Mapping) else {}
+            try:
+                check_network_loss(name, options)
+            except EinspaceError as exc:
+                raise EinspaceError(f"{key}: {exc}") from None
+            continue
+        close = difflib.get_close_matches(name, network_losses(), n=1, cutoff=0.75)
+        if close:
+            raise EinspaceError(
+                f"{key}: no network loss is called {name!r}; did you mean {close[0]!r}? (a module's own "
+                "term of a name this close would be mistaken for it: rename the term)"
+            )
+        if isinstance(value, Mapping):
             known = ", ".join(network_losses()) or "none"
             raise EinspaceError(
-                f"auxiliary loss {name!r} has options, but no network loss of that name is "
+                f"{key} has options, but no network loss of that name is "
                 f"registered (network losses: {known}); a module's own term takes a number"
             )
 

@@ -22,6 +22,7 @@ other group gets the base SGD settings, which is the einspace paper's recipe. Th
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -34,10 +35,12 @@ from einspace.ops.trainable import ARCHITECTURE, is_architecture_parameter
 
 __all__ = [
     "ARCHITECTURE_DEFAULTS",
+    "BUILTIN_KINDS",
     "GROUP_ATTRIBUTE",
     "GROUP_OPTIONS",
     "Optimizers",
     "build_optimizer",
+    "check_param_groups",
     "parameter_groups",
     "parameter_kind",
 ]
@@ -48,6 +51,8 @@ GROUP_ATTRIBUTE = "einspace_group"
 GROUP_OPTIONS = (
     "optimizer", "lr", "lr_scale", "weight_decay", "momentum", "betas", "warmup_epochs", "freeze_epochs",
 )  # fmt: skip
+#: The groups `parameter_kind` makes of parameters that choose none themselves.
+BUILTIN_KINDS = (ARCHITECTURE, "norm_bias", "weights")
 #: The optimiser of architecture parameters unless the settings say otherwise.
 ARCHITECTURE_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0}
 
@@ -170,8 +175,7 @@ def build_optimizer(
     and zero during its frozen epochs.
     """
     overrides = overrides or {}
-    for kind, options in overrides.items():
-        _check_options(kind, options)
+    check_param_groups(overrides)
     total = max(1, steps_per_epoch * epochs)
     base = _schedule(schedule, total, milestones, gamma)
     by_optimizer: dict[str, tuple[list[dict[str, Any]], list[Callable[[int], float]]]] = {}
@@ -212,34 +216,51 @@ def _options(kind: str, given: dict[str, Any]) -> dict[str, Any]:
     return {**defaults, **given}
 
 
+def check_param_groups(overrides: dict[str, dict[str, Any]]) -> None:
+    """The `param_groups` setting, before any network exists (so a search refuses it before it
+    starts). A group name close to a built-in kind but not one is a typo, refused: its options
+    would apply to no parameter, silently."""
+    for kind, options in overrides.items():
+        close = difflib.get_close_matches(kind, BUILTIN_KINDS, n=1, cutoff=0.75)
+        if kind not in BUILTIN_KINDS and close:
+            raise EinspaceError(
+                f"setting param_groups.{kind}: no parameter group is called {kind!r}; did you mean "
+                f"{close[0]!r}? (built-in groups: {', '.join(BUILTIN_KINDS)}; a parameter's own "
+                f"`{GROUP_ATTRIBUTE}` names others)"
+            )
+        _check_options(kind, options)
+
+
 def _check_options(kind: str, options: dict[str, Any]) -> None:
     """Unknown options, optimisers and ill-typed values name the group and the option."""
     if not isinstance(options, dict):
-        raise EinspaceError(f"parameter group {kind!r}: expected a mapping of options, got {options!r}")
+        raise EinspaceError(f"setting param_groups.{kind}: expected a mapping of options, got {options!r}")
     unknown = set(options) - set(GROUP_OPTIONS)
     if unknown:
         raise EinspaceError(
-            f"parameter group {kind!r}: unknown option(s) {', '.join(sorted(unknown))} "
+            f"setting param_groups.{kind}: unknown option(s) {', '.join(sorted(unknown))} "
             f"(known: {', '.join(GROUP_OPTIONS)})"
         )
     if options.get("optimizer", "sgd") not in _OPTIMIZERS:
         raise EinspaceError(
-            f"parameter group {kind!r}: unknown optimizer {options['optimizer']!r} "
+            f"setting param_groups.{kind}: unknown optimizer {options['optimizer']!r} "
             f"(known: {', '.join(_OPTIMIZERS)})"
         )
     if "lr" in options and "lr_scale" in options:
-        raise EinspaceError(f"parameter group {kind!r}: give lr or lr_scale, not both")
+        raise EinspaceError(f"setting param_groups.{kind}: give lr or lr_scale, not both")
     for option in set(options) - {"optimizer", "betas"}:
         value = options[option]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise EinspaceError(f"parameter group {kind!r}: {option} must be a number >= 0, got {value!r}")
+            raise EinspaceError(f"setting param_groups.{kind}: {option} must be a number >= 0, got {value!r}")
     betas = options.get("betas", (0.9, 0.999))
     if not (
         isinstance(betas, (list, tuple))
         and len(betas) == 2
         and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)
     ):
-        raise EinspaceError(f"parameter group {kind!r}: betas must be two numbers in [0, 1), got {betas!r}")
+        raise EinspaceError(
+            f"setting param_groups.{kind}: betas must be two numbers in [0, 1), got {betas!r}"
+        )
 
 
 def _frozen_then(factor: Callable[[int], float], frozen_steps: float) -> Callable[[int], float]:

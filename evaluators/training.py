@@ -42,13 +42,14 @@ from einspace.evaluators._runtime import STEP_MODES, Runtime, autocast_dtype, ou
 from einspace.evaluators._settings import require, settings_from
 from einspace.evaluators.auxiliary import AuxiliaryObjective, check_auxiliary_settings
 from einspace.evaluators.base import Continuation, EvaluationFailed, Evaluator, register_evaluator
-from einspace.evaluators.budgets import Budget, budget_violation
+from einspace.evaluators.budgets import Budget, activation_bytes, budget_violation
 from einspace.evaluators.continuation import Resumption
 from einspace.evaluators.datasets import Dataset, load_dataset
 from einspace.evaluators.objectives import Objective, objective_for
-from einspace.evaluators.optim import build_optimizer
+from einspace.evaluators.optim import build_optimizer, check_param_groups
 from einspace.evaluators.time_model import Forecast, Workload, calibrated
 from einspace.grammar.model import Grammar
+from einspace.network.memory import require_memory
 from einspace.ops.trainable import architecture_metrics, constrain_architecture
 from einspace.state import FeatureState
 from einspace.tree import Node, content_hash
@@ -141,6 +142,7 @@ class TrainingSettings:
         )
         Budget.from_settings(self.budget_settings())  # validates the budget numbers
         require(isinstance(self.param_groups, dict), "setting param_groups must be a mapping")
+        check_param_groups(self.param_groups)
         require(isinstance(self.auxiliary_losses, dict), "setting auxiliary_losses must be a mapping")
         check_auxiliary_settings(self.auxiliary_losses)
 
@@ -151,6 +153,22 @@ class TrainingSettings:
             "max_activation_mb": self.max_activation_mb,
             "batch_size": self.batch_size,
         }
+
+
+def _require_training_memory(checked: CheckedTree, batch_size: int) -> None:
+    """Refuse, before building, to train a network whose float32 weights, gradients and optimiser
+    state (at most four copies) and one batch's activations exceed the memory there is: the
+    operating system would kill the process, with no message."""
+    try:
+        require_memory(
+            {
+                "weights, gradients and optimiser state": 16 * checked.params,
+                f"activations for a batch of {batch_size}": activation_bytes(checked, batch_size),
+            },
+            f"training a network of {checked.params:,} parameters",
+        )
+    except EinspaceError as exc:
+        raise EvaluationFailed(str(exc)) from None
 
 
 def _subset(x: np.ndarray, y: np.ndarray, n: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -334,6 +352,8 @@ def _train(
         settings, started, (settings.epochs - start) * steps_per_epoch, len(evaluation[1]), forecast
     )
     partial = False
+    if runtime.device.type == "cpu":  # on a GPU, its own out-of-memory error says it
+        _require_training_memory(checked, settings.batch_size)
     try:
         model = objective.build(checked, settings.lower)
         params = sum(p.numel() for p in model.parameters())

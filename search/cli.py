@@ -64,6 +64,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="also write a self-contained HTML report with pictures (default FILE: RUN_DIR/report.html)",
     )
+    add_trust_plugins(rep)
     rep.set_defaults(run=cmd_report)
 
     from einspace.search import learn
@@ -151,13 +152,22 @@ class _StopOnSignal:
             signal.signal(s, handler)
 
 
+def add_trust_plugins(parser: argparse.ArgumentParser) -> None:
+    """The consent a command reading a run directory needs before it imports the run's plugins."""
+    parser.add_argument(
+        "--trust-plugins",
+        action="store_true",
+        help="import the plugins the run was searched with (this runs their code: only for runs you trust)",
+    )
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from einspace.search.config import load_experiment
     from einspace.search.loop import SearchRun
-    from einspace.search.report import final_summary, succeeded
 
     experiment = _with_options(load_experiment(args.experiment), args)
     experiment.check_evaluator()
+    experiment.check_executor()
     with SearchRun.start(experiment) as run:
         history, budget = run.store.history(), run.strategy.evaluations
         complete = run.strategy.done
@@ -172,8 +182,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if complete:
         if not args.quiet:
             print(f"{run.directory} is complete ({len(history)} evaluations)", file=sys.stderr)
-            print(final_summary(run.directory))
-        return 0 if succeeded(history) else 1
+        return _conclude(run.directory, history, args.quiet)
     if summary is None or not summary.finished:
         print(f"stopped; run `einspace search {args.experiment}` again to resume", file=sys.stderr)
         return 130
@@ -246,11 +255,14 @@ def _conclude(run_dir: Path, history: list[Record], quiet: bool) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from einspace.outputs import writable
     from einspace.search.report import report
 
-    print(report(args.run_dir, args.top, not args.no_plot, args.full))
+    if args.html:
+        writable(args.html)  # before the report is printed
+    print(report(args.run_dir, args.top, not args.no_plot, args.full, args.trust_plugins))
     if args.html is not None:
         from einspace.search.html_report import write_html_report
 
-        print(f"wrote {write_html_report(args.run_dir, args.html or None, args.top)}")
+        print(f"wrote {write_html_report(args.run_dir, args.html or None, args.top, args.trust_plugins)}")
     return 0

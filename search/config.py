@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from einspace.bundled import bundled_files, bundled_grammars, names_bundled
-from einspace.errors import EinspaceError
+from einspace.errors import EinspaceError, UnknownNameError
 from einspace.sampling import Limits
 from einspace.state import FeatureState, input_state
 
@@ -334,6 +334,19 @@ class Experiment:
         except EinspaceError as exc:
             raise ConfigError(f"{self.source}: evaluator {self.evaluator.name!r}: {exc}") from None
 
+    def check_executor(self) -> None:
+        """What the executor section asks of this machine, before a search: the in-process
+        executor cannot give an evaluation a GPU share the machine lacks (Ray refuses it too)."""
+        x = self.executor
+        if x.kind == "in_process" and x.num_gpus > 0:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    f"{self.source}: executor.num_gpus is {x.num_gpus}, but this machine has no GPU for the "
+                    "in-process executor; set num_gpus: 0, or run where there is one"
+                )
+
     def make_strategy(self, space: Any = None):  # noqa: ANN201 - Strategy
         """The strategy, inside the multi-fidelity scheduler when one is on (its rungs resolved)."""
         from einspace.search.strategy import get_strategy
@@ -503,8 +516,9 @@ def _check_values(data: dict[str, Any], source: str) -> None:
     x = data["executor"]
     if x["kind"] not in ("ray", "in_process"):
         raise ConfigError(f"{source}: executor.kind must be 'ray' or 'in_process', got {x['kind']!r}")
-    for key in ("max_in_flight", "num_cpus", "num_gpus", "timeout_s"):
-        if x[key] is not None and (x[key] < 0 or (key in ("max_in_flight", "timeout_s") and x[key] <= 0)):
+    for key in ("max_in_flight", "num_cpus", "num_gpus", "timeout_s", "gpu_memory_gb"):
+        strict = key in ("max_in_flight", "timeout_s", "gpu_memory_gb")
+        if x[key] is not None and (x[key] < 0 or (strict and x[key] <= 0)):
             raise ConfigError(f"{source}: executor.{key} must be positive, got {x[key]!r}")
     if x["packing"] not in ("fixed", "memory") or (x["packing"] == "memory" and not x["num_gpus"]):
         raise ConfigError(
@@ -523,11 +537,16 @@ def _check_references(experiment: Experiment) -> Experiment:
     from einspace.search.warm_start import check_warm_start
 
     load_plugins(experiment.plugins)
-    evaluator = get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
+    try:  # its settings are checked here, so a bad one never starts a search whose evaluations all fail
+        evaluator = get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
+    except UnknownNameError:
+        raise
+    except EinspaceError as exc:
+        raise ConfigError(f"{experiment.source}: evaluator {experiment.evaluator.name!r}: {exc}") from None
     multi_fidelity = experiment.multi_fidelity.resolved(evaluator, experiment.source)
     experiment = replace(experiment, multi_fidelity=multi_fidelity)
     space = experiment.space()
-    require_consistent(space.grammar, space.input.mode, experiment.allow_inconsistent)
+    require_consistent(space.grammar, space.input, experiment.allow_inconsistent)
     check_warm_start(experiment, experiment.make_strategy(space))
     return experiment
 

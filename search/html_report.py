@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 
 from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
+from einspace.outputs import writable, write_output
 from einspace.search.config import Experiment
 from einspace.search.loop import SearchRun
 from einspace.search.store import Record
@@ -251,15 +252,18 @@ def _compute_section(history: list[Record], name: str, checkpoint: dict[str, Any
     ]
 
 
-def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: int = 5) -> Path:
-    """Write the run's report page (default RUN_DIR/report.html) and return its path."""
+def write_html_report(
+    run_dir: str | Path, path: str | Path | None = None, top: int = 5, trust_plugins: bool = False
+) -> Path:
+    """Write the run's report page (default RUN_DIR/report.html) and return its path (the run's
+    plugins imported only when `trust_plugins`)."""
     from einspace.pictures.files import page, tree_section
     from einspace.search.report import best_records, metric_lines, plot_fitness, record_tags
 
     run_dir = Path(run_dir)
-    path = Path(path) if path is not None else run_dir / "report.html"
-    with SearchRun.open(run_dir) as run:  # what it read stays readable once closed
+    with SearchRun.open(run_dir, trust_plugins) as run:  # what it read stays readable once closed
         history, checkpoint = run.store.history(), run.store.load_checkpoint()
+    path = writable(path if path is not None else run_dir / "report.html")  # before drawing
     name = run.experiment.name if run.experiment else run_dir.name
     window = _window(run.experiment)
     evaluated = _evaluated(history, run)
@@ -335,5 +339,4 @@ def write_html_report(run_dir: str | Path, path: str | Path | None = None, top: 
         details.insert(0, checked.stats.summary())
         parts.append(f"<pre>{html.escape(chr(10).join(details))}</pre>")
         parts.append(tree_section(checked, f"#{rank} (id {r.id})"))
-    path.write_text(page(f"einspace run {name}", "\n".join(parts)))
-    return path
+    return write_output(path, page(f"einspace run {name}", "\n".join(parts)))

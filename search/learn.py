@@ -10,11 +10,14 @@ from einspace.errors import EinspaceError
 from einspace.grammar.learning import LearnedGrammar, learn_probabilities
 from einspace.grammar.model import Grammar, format_alternative
 from einspace.grammar.writer import format_grammar
+from einspace.outputs import writable, write_output
 
 __all__ = ["add_command", "learn_from_run"]
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
+    from einspace.search.cli import add_trust_plugins
+
     learn = sub.add_parser(
         "learn-probabilities",
         help="estimate rule probabilities from a run's fittest trees and write them as a grammar file",
@@ -41,11 +44,27 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     learn.add_argument(
         "--max-rho", type=float, default=0.99, help="largest spectral radius allowed (default 0.99)"
     )
+    learn.add_argument(
+        "--force",
+        action="store_true",
+        help="allow --out to replace a grammar file the run reads (the run then cannot resume)",
+    )
+    add_trust_plugins(learn)
     learn.set_defaults(run=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    print(learn_from_run(args.run_dir, args.out, args.top, args.prior_strength, args.max_rho))
+    print(
+        learn_from_run(
+            args.run_dir,
+            args.out,
+            args.top,
+            args.prior_strength,
+            args.max_rho,
+            args.force,
+            args.trust_plugins,
+        )
+    )
     return 0
 
 
@@ -55,15 +74,25 @@ def learn_from_run(
     top: int | None = None,
     prior_strength: float = 10.0,
     max_rho: float = 0.99,
+    force: bool = False,
+    trust_plugins: bool = False,
 ) -> str:
     """Learn from the `top` fittest distinct trees of a run, write the grammar to `out`, and return
-    a summary of what changed."""
+    a summary of what changed. `out` may replace a grammar file the run reads only when `force`:
+    the run's identity covers its grammar, so it could never resume. The run's plugins are
+    imported only when `trust_plugins`."""
     from einspace.search.loop import SearchRun
     from einspace.search.report import best_records
     from einspace.tree import parse_tree
 
-    with SearchRun.open(run_dir) as run:
+    with SearchRun.open(run_dir, trust_plugins) as run:
         history = run.store.history()
+    out = writable(out)
+    if not force and out.exists() and out.resolve() in _grammar_files(run.grammar):
+        raise EinspaceError(
+            f"--out {out} is a grammar file of the run in {run_dir}; replacing it would stop the run "
+            "from resuming. Choose another file, or pass --force."
+        )
     ok = best_records(history, len(history))
     if not ok:
         raise EinspaceError(f"{run_dir} has no successful evaluation to learn from")
@@ -85,13 +114,20 @@ def learn_from_run(
             f"to keep rho <= {max_rho:g} (rho: {radii}). Argument grids stay uniform.",
         ]
     )
-    Path(out).write_text(format_grammar(learned.grammar, header), encoding="utf-8")
+    write_output(out, format_grammar(learned.grammar, header))
     return (
         f"wrote {out}\n"
         + "\n".join(f"# {line}" for line in header.splitlines())
         + "\n"
         + _changes(grammar, learned)
     )
+
+
+def _grammar_files(grammar: Grammar) -> set[Path]:
+    """Every file the grammar was read from: its own and those it extends."""
+    items = [x for r in grammar.rules for x in (r, *r.alternatives)]
+    paths = [grammar.path, *(x.location.path for x in items if x.location)]
+    return {Path(p).resolve() for p in paths if p and Path(p).is_file()}
 
 
 def _changes(original: Grammar, learned: LearnedGrammar) -> str:

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
-from einspace.plugins import load_plugins
+from einspace.plugins import is_loaded, load_plugins
 from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
 from einspace.search.store import Record, SQLiteStore, Store
 from einspace.search.strategy import Candidate, Strategy
+from einspace.search.successive_halving import PROMOTION
 from einspace.search.trained_states import TrainedStates
 from einspace.search.warm_start import warm_start
 
@@ -85,6 +86,7 @@ class SearchRun:
         self.store = store
         self.experiment = experiment
         self._problem = problem  # why `experiment` is None
+        self.unloaded_plugins: tuple[str, ...] = ()  # the run's plugins not imported (see `open`)
 
     @classmethod
     def start(cls, experiment: Experiment, run_dir: str | Path | None = None) -> SearchRun:
@@ -100,9 +102,11 @@ class SearchRun:
         return run
 
     @classmethod
-    def open(cls, run_dir: str | Path) -> SearchRun:
-        """An existing run, read-only, with the plugins it was searched with loaded (an error if
-        there is no run there, or its plugins no longer load)."""
+    def open(cls, run_dir: str | Path, trust_plugins: bool = False) -> SearchRun:
+        """An existing run, read-only (an error if there is no run there). The plugins it was
+        searched with are imported only when `trust_plugins` (an error if they no longer load):
+        importing runs their code, and a run directory may come from anyone. Those not imported,
+        here or before, are listed in `unloaded_plugins`."""
         path = Path(run_dir) / STORE_NAME
         if not path.is_file():
             raise EinspaceError(f"{run_dir} is not a search run directory (no {STORE_NAME} in it)")
@@ -111,12 +115,18 @@ class SearchRun:
             experiment, problem = Experiment.from_json(store.get_meta("config") or "{}", str(path)), ""
         except EinspaceError as exc:
             experiment, problem = None, str(exc)
-        try:
-            load_plugins(experiment.plugins if experiment else ())  # the run's operations and evaluators
-        except EinspaceError as exc:
-            store.close()
-            raise EinspaceError(f"{run_dir} was searched with plugins that no longer load: {exc}") from None
-        return cls(Path(run_dir), store, experiment, problem)
+        plugins = experiment.plugins if experiment else ()  # the run's operations and evaluators
+        if trust_plugins:
+            try:
+                load_plugins(plugins)
+            except EinspaceError as exc:
+                store.close()
+                raise EinspaceError(
+                    f"{run_dir} was searched with plugins that no longer load: {exc}"
+                ) from None
+        run = cls(Path(run_dir), store, experiment, problem)
+        run.unloaded_plugins = tuple(p for p in plugins if not is_loaded(p))
+        return run
 
     def _claim(self, experiment: Experiment) -> None:
         """Refuse a store of another experiment; record this one's identity and config."""
@@ -129,6 +139,14 @@ class SearchRun:
                 + "\n  ".join(changes)
                 + "\nuse another run_dir, or undo the change to resume (the executor, name and number of "
                 "evaluations may change)"
+            )
+        budget = experiment.strategy.settings.get("evaluations")
+        history = self.store.history()
+        finished = len(history) - sum(r.origin == PROMOTION for r in history)  # as the budget counts
+        if isinstance(budget, int) and budget < finished:
+            raise EinspaceError(
+                f"{self.directory} has finished {finished} evaluations, more than the {budget} asked for: "
+                f"a run cannot shrink; ask for {finished} or more, or use another run_dir"
             )
         self.store.set_meta("experiment", json.dumps(new, sort_keys=True))
         self.store.set_meta("config", experiment.to_json())
@@ -165,7 +183,8 @@ class SearchRun:
     def grammar(self) -> Grammar:
         from einspace.grammar.parser import load_grammar
 
-        return load_grammar(self._known().grammar)
+        with self._plugin_hint():
+            return load_grammar(self._known().grammar)
 
     @property
     def input(self) -> FeatureState:
@@ -177,6 +196,26 @@ class SearchRun:
         from einspace.tree import parse_tree
 
         return check_tree(parse_tree(tree), self.grammar, self.input)
+
+    def plugin_note(self) -> str:
+        """A sentence on the run's plugins left unloaded, and how to load them ("" if none)."""
+        if not self.unloaded_plugins:
+            return ""
+        return (
+            f"the run was searched with plugins not loaded here ({', '.join(self.unloaded_plugins)}); "
+            "importing them runs their code: pass --trust-plugins to import them, or --plugin for the ones "
+            "you choose"
+        )
+
+    @contextmanager
+    def _plugin_hint(self) -> Iterator[None]:
+        """An error that unloaded plugins may explain says so."""
+        try:
+            yield
+        except EinspaceError as exc:
+            if not self.unloaded_plugins:
+                raise
+            raise EinspaceError(f"{exc}\n({self.plugin_note()})") from None
 
     # ---------------------------------------------------------------- the search
     def run(

@@ -116,7 +116,7 @@ def _stats(tree: str, run: SearchRun) -> str:
     try:
         return run.check(tree).stats.summary()
     except EinspaceError as exc:
-        return f"(statistics unavailable: {exc})"
+        return f"(statistics unavailable: {str(exc).splitlines()[0]})"  # the header says why at length
 
 
 def failure_reasons(history: list[Record]) -> list[tuple[str, int]]:
@@ -222,17 +222,23 @@ def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> No
     if ok:
         ax.scatter(*zip(*ok, strict=True), s=6, alpha=0.5, label="evaluation")
         ax.step(*zip(*line, strict=True), where="post", color="C3", label="best so far")
-        if failed:
-            low = min(f for _, f in ok)
-            ax.scatter(failed, [low] * len(failed), marker="x", s=12, color="grey", label="failed")
+    if failed:  # along the bottom: below the lowest fitness, or at 0 when none succeeded
+        low = min((f for _, f in ok), default=0.0)
+        ax.scatter(failed, [low] * len(failed), marker="x", s=12, color="grey", label="failed")
     ax.set_xlabel("evaluation (finishing order)")
     ax.set_ylabel("fitness")
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    _legend(ax, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _legend(ax: Any, **options: Any) -> None:
+    """A legend when something is labelled (matplotlib warns to the user's terminal otherwise)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**options)
 
 
 def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> None:
@@ -254,7 +260,7 @@ def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> No
     ax.set_xlabel(f"compute spent ({_measures(history)} seconds, cumulative, finishing order)")
     ax.set_ylabel("best fitness so far")
     ax.set_title(title)
-    ax.legend(loc="best")  # failures lie along the bottom
+    _legend(ax, loc="best")  # failures lie along the bottom
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, format="png")
@@ -320,12 +326,14 @@ def _seed_lines(history: list[Record]) -> list[str]:
     return lines
 
 
-def report(run_dir: str | Path, top: int = 5, plot: bool = True, full: bool = False) -> str:
+def report(
+    run_dir: str | Path, top: int = 5, plot: bool = True, full: bool = False, trust_plugins: bool = False
+) -> str:
     """The report text; also writes RUN_DIR/evaluations.csv, RUN_DIR/fitness.png and
     RUN_DIR/compute.png. Trees are printed folded (see `einspace.pictures.folding`), or as their
-    full one-line text (`full`)."""
+    full one-line text (`full`). The run's plugins are imported only when `trust_plugins`."""
     run_dir = Path(run_dir)
-    with SearchRun.open(run_dir) as run:
+    with SearchRun.open(run_dir, trust_plugins) as run:
         history = run.store.history()
         lines = _header_lines(run, history) + [""]
         lines += _top_lines(run, best_records(history, top), full)
@@ -356,6 +364,8 @@ def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
         f"{counts['cached']}); running/queued at last stop: {len(run.store.running())}"
         + ("  [complete]" if strategy and strategy.done else ""),
     ]
+    if run.plugin_note():
+        lines.append(f"plugins: {run.plugin_note()}")
     if history:
         overall, fidelities = compute_rows(history, run.store.load_checkpoint())
         lines.append("compute: " + "; ".join(f"{what} {much}" for what, much in overall))

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
+import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from einspace.search.config import Experiment, parse_experiment
 
@@ -59,3 +64,29 @@ def history_key(records: list) -> list[tuple]:
 def where_log(log: Path) -> list[dict]:
     """Every entry the `test_where` evaluator (search_plugins.py) wrote under `log`."""
     return [json.loads(line) for path in log.glob("*.jsonl") for line in path.read_text().splitlines()]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    """Poll `condition` until it returns something true and return that; fail saying `what` did not
+    happen within `timeout` seconds. (A fixed sleep is too short on a busy machine, too long elsewhere.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout} s")
+        time.sleep(every)
+
+
+def finished_count(store: Path) -> int:
+    """Finished evaluations in a run's store as another process sees it (0 before it exists)."""
+    if not store.exists():
+        return 0
+    db = sqlite3.connect(store)
+    try:
+        return db.execute("SELECT COUNT(*) FROM evaluations WHERE state = 'finished'").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+    finally:
+        db.close()

@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -126,16 +127,29 @@ SEED_RUNS = {
 }
 
 
-def test_every_bundled_seed_exports_and_agrees_in_a_fresh_process(tmp_path):
+@dataclass
+class Exported:
+    """Networks written to files, with what a fresh process needs to run them and what it must give."""
+
+    folder: Path
+    files: list[Path]
+    payload: dict[str, dict]
+    networks: dict[str, torch.nn.Module]
+    checked: dict[str, CheckedTree] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def seed_export(tmp_path_factory) -> Exported:
+    """Every bundled seed in one file (shared by the agreement and the lint test)."""
     assert set(SEED_RUNS) == set(list_seeds())
-    networks, payload, params = {}, {}, {}
+    tmp_path = tmp_path_factory.mktemp("seeds")
+    networks, payload = {}, {}
     for name, (shape, batch) in SEED_RUNS.items():
         x = input_state(shape)
         torch.manual_seed(0)
         network = compile_network(load_seed(name, PAPER, x), x, 10)
         cls = class_name(name)
         networks[cls] = network
-        params[cls] = sum(p.numel() for p in network.parameters())
         # float64: in train mode the last stages normalise a batch of 2 at 1x1, which amplifies
         # float32 rounding differences between equal computations (kernels summing in another order)
         inputs = torch.randn(batch, *shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -143,14 +157,16 @@ def test_every_bundled_seed_exports_and_agrees_in_a_fresh_process(tmp_path):
     exported = export_networks(networks)
     path = tmp_path / "seeds.py"
     path.write_text(exported.source)
-    linted = ruff(path)
-    assert linted.returncode == 0, linted.stdout
     for cls in networks:
         payload[cls]["state"] = exported.state_dicts[cls]
-    results = run_exported(tmp_path, [path], payload)
-    for cls, network in networks.items():
-        assert int(results[cls]["params"]) == params[cls]
-        wanted = expected_outputs(network, payload[cls]["input"])
+    return Exported(tmp_path, [path], payload, networks)
+
+
+def test_every_bundled_seed_exports_and_agrees_in_a_fresh_process(seed_export: Exported):
+    results = run_exported(seed_export.folder, seed_export.files, seed_export.payload)
+    for cls, network in seed_export.networks.items():
+        assert int(results[cls]["params"]) == sum(p.numel() for p in network.parameters())
+        wanted = expected_outputs(network, seed_export.payload[cls]["input"])
         for mode in ("eval", "train"):
             assert_close(results[cls][mode], wanted[mode], f"{cls} {mode}", 1e-5)
 
@@ -301,9 +317,11 @@ def _exportable(checked: CheckedTree) -> bool:
     )
 
 
-def test_hundreds_of_sampled_and_mutated_trees_agree_in_a_fresh_process(tmp_path):
+@pytest.fixture(scope="module")
+def sampled_export(tmp_path_factory) -> Exported:
     """Paper grammar samples, mutated seeds, einspace_plus samples (NOS calibrations; DNArch and
-    XD refused) and every calibration: over 250 networks, 100 to a file, one child process."""
+    XD refused) and every calibration: over 250 networks, 100 to a file."""
+    tmp_path = tmp_path_factory.mktemp("sampled")
     trees = _sampled(PAPER, 110, 0) + _mutants(20)
     plus = _sampled(PLUS, 80, 10_000)
     refused = [t for t in plus if not _exportable(t)]
@@ -313,14 +331,14 @@ def test_hundreds_of_sampled_and_mutated_trees_agree_in_a_fresh_process(tmp_path
             export_tree(checked, classes=3)
     trees += [t for t in plus if _exportable(t)] + _calibrated()
     assert len(trees) >= 250
-    networks, payload, expected, files = {}, {}, {}, []
+    networks, payload, expected, files, checked_trees = {}, {}, {}, [], {}
     generator = torch.Generator().manual_seed(0)
     for i, checked in enumerate(trees):
         name = f"Tree{i}"
         networks[name] = compile_network(checked, classes=3)
         shape = checked.input[0].shape
         payload[name] = {"input": torch.randn(2, *shape, generator=generator, dtype=torch.float64)}
-        expected[name] = (checked, networks[name])
+        expected[name], checked_trees[name] = networks[name], checked
         if len(networks) == 100 or i == len(trees) - 1:
             exported = export_networks(networks)
             path = tmp_path / f"trees{len(files)}.py"
@@ -329,9 +347,13 @@ def test_hundreds_of_sampled_and_mutated_trees_agree_in_a_fresh_process(tmp_path
             for key, state in exported.state_dicts.items():
                 payload[key]["state"] = state
             networks = {}
-    linted = ruff(*files)
-    assert linted.returncode == 0, linted.stdout
-    results = run_exported(tmp_path, files, payload)
+    return Exported(tmp_path, files, payload, expected, checked_trees)
+
+
+def test_hundreds_of_sampled_and_mutated_trees_agree_in_a_fresh_process(sampled_export: Exported):
+    """The sampled export, run in one child process, against the compiled networks."""
+    files, payload = sampled_export.files, sampled_export.payload
+    results = run_exported(sampled_export.folder, files, payload)
     sources = "".join(path.read_text() for path in files)
     for construct in (
         "nn.Conv2d(",
@@ -344,11 +366,20 @@ def test_hundreds_of_sampled_and_mutated_trees_agree_in_a_fresh_process(tmp_path
         assert construct in sources, construct
     for helper in ("class ChannelAttention", "class SpatialAttention", "class DynamicKernel"):
         assert helper in sources, helper
-    for name, (checked, network) in expected.items():
-        assert int(results[name]["params"]) == checked.params + network.head.linear.weight.numel() + 3
+    for name, network in sampled_export.networks.items():
+        analytic = sampled_export.checked[name].params + network.head.linear.weight.numel() + 3
+        assert int(results[name]["params"]) == analytic
         wanted = expected_outputs(network, payload[name]["input"])
         for mode in ("eval", "train"):
             assert_close(results[name][mode], wanted[mode], f"{name} {mode}", 1e-6)
+
+
+@pytest.mark.parametrize("export", ["seed_export", "sampled_export"])
+def test_exported_files_pass_the_lint_rules(request, export: str):
+    """Apart from the agreement tests, so that a machine without ruff still compares the numbers."""
+    files = request.getfixturevalue(export).files
+    linted = ruff(*files)
+    assert linted.returncode == 0, linted.stdout
 
 
 # ----------------------------------------------------------------------------- refusals and the command

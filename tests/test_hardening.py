@@ -105,8 +105,8 @@ def test_report_loads_the_runs_own_plugins(plugin_files: Path, capsys) -> None:
     )
     (d / "exp.yaml").write_text(yaml.safe_dump(raw))
     assert _run(["search", str(d / "exp.yaml"), "--quiet"], capsys)[0] == 0
-    _forget_plugin()  # a fresh process: `report` must load the plugin itself
-    code, out, _ = _run(["report", str(d / "run"), "--no-plot"], capsys)
+    _forget_plugin()  # a fresh process: `report` must load the plugin itself, when trusted to
+    code, out, _ = _run(["report", str(d / "run"), "--no-plot", "--trust-plugins"], capsys)
     assert code == 0 and "statistics unavailable" not in out and "terminals" in out
 
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from search_helpers import PARSE_COUNTER, PLUGIN, experiment, history_key, where_log
+from search_helpers import PARSE_COUNTER, PLUGIN, experiment, history_key, wait_for, where_log
 
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Task
@@ -302,15 +302,35 @@ def test_a_killed_drivers_local_ray_is_cleaned_up_at_the_next_start():
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-    time.sleep(3)  # what dies with the driver has died by now
     session = record["session_dir"]
-    assert ray_local.session_processes(session), "nothing left behind to clean up"
+    left = wait_for(lambda: _settled(session), 30, "the session's processes settling after the kill")
+    assert left, "nothing left behind to clean up"
     ray_local.reap_orphaned_sessions()  # what start_local_ray does first
-    deadline = time.monotonic() + 10
-    while ray_local.session_processes(session) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not ray_local.session_processes(session)
+    wait_for(lambda: not ray_local.session_processes(session), 10, "reaping the session's processes")
     assert not (ray_local.RECORDS / f"{pid}.json").exists()
+
+
+def _settled(session: str, quiet: float = 1.0) -> frozenset | None:
+    """The session's processes once the set has stayed the same for `quiet` seconds (what dies with
+    the driver has died by then), else None."""
+    before = frozenset(ray_local.session_processes(session))
+    time.sleep(quiet)
+    return before if frozenset(ray_local.session_processes(session)) == before else None
+
+
+def _alive_nodes(ray_cli: str, port: int, env: dict[str, str]) -> int:
+    """How many nodes `ray status` lists as active in the cluster at `port` (0 while it is not up)."""
+    status = subprocess.run(
+        [ray_cli, "status", f"--address=127.0.0.1:{port}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if status.returncode != 0:
+        return 0
+    active = status.stdout.partition("Active:")[2].partition("Pending:")[0]
+    return sum(" node_" in line for line in active.splitlines())
 
 
 @pytest.mark.slow
@@ -337,9 +357,9 @@ def test_search_over_a_two_node_cluster_started_with_ray_start(tmp_path):
     log = tmp_path / "where"
     log.mkdir()
     try:
-        time.sleep(15)
+        wait_for(lambda: _alive_nodes(ray_cli, port, env) == 1, 120, "the head node starting", every=1)
         nodes.append(subprocess.Popen([ray_cli, "start", f"--address=127.0.0.1:{port}", *block], **quiet))
-        time.sleep(15)
+        wait_for(lambda: _alive_nodes(ray_cli, port, env) == 2, 120, "the second node joining", every=1)
         raw = merge(BASE, {"run_dir": str(tmp_path / "run"), "executor": {"kind": "ray", "num_cpus": 1}})
         raw["executor"]["max_in_flight"] = 2  # one worker per node: each has one CPU
         raw["evaluator"] = {"name": "test_where", "settings": {"log": str(log)}}

@@ -5,15 +5,13 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from search_helpers import BASE, PLUGIN, experiment, history_key, merge
+from search_helpers import BASE, PLUGIN, experiment, finished_count, history_key, merge, wait_for
 
 from einspace.cli import main
 from einspace.errors import EinspaceError
@@ -112,22 +110,7 @@ def test_kill_9_and_resume_gives_the_same_history(tmp_path, reference):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(run_dir)], env=env)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if (run_dir / STORE_NAME).exists():
-                db = sqlite3.connect(run_dir / STORE_NAME)
-                try:
-                    done = db.execute("SELECT COUNT(*) FROM evaluations WHERE state = 'finished'").fetchone()[
-                        0
-                    ]
-                except sqlite3.OperationalError:
-                    done = 0
-                db.close()
-                if done >= 15:
-                    break
-            time.sleep(0.02)
-        else:
-            pytest.fail("the child search made no progress")
+        wait_for(lambda: finished_count(run_dir / STORE_NAME) >= 15, 60, "15 evaluations of the child search")
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -262,11 +245,8 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    store = tmp_path / "run" / STORE_NAME
-    deadline = time.monotonic() + 60
-    while not store.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
+    # one finished evaluation: the search loop, and its signal handlers, are running
+    wait_for(lambda: finished_count(tmp_path / "run" / STORE_NAME) >= 1, 60, "the child's first evaluation")
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130 and "again to resume" in err and "Traceback" not in err

@@ -42,6 +42,32 @@ def test_a_worker_is_replaced_after_memory_and_cuda_errors_only(error, replaced,
         assert error[:40] in reason
 
 
+#: One real error per kind that poisons a worker, each naming exactly one of `worker.POISONING`'s
+#: fragments: removing any fragment from the rule fails its row.
+POISONED_BY: dict[str, str] = {
+    "out of memory": "out of memory on cuda:0: Tried to allocate 2.00 GiB",
+    "CUDA error": "evaluator crashed: RuntimeError: CUDA error: an illegal memory access was encountered",
+    "cuDNN error": "evaluator crashed: RuntimeError: cuDNN error: the execution failed",
+    "CUBLAS_STATUS": "evaluator crashed: RuntimeError: CUBLAS_STATUS_EXECUTION_FAILED in cublasSgemm",
+    "CUDNN_STATUS": "evaluator crashed: RuntimeError: CUDNN_STATUS_MAPPING_ERROR",
+    "device-side assert": "evaluator crashed: RuntimeError: device-side assert triggered at Indexing.cu:1284",
+    "NCCL error": "evaluator crashed: RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1207",
+}
+
+
+def test_every_kind_of_poisoning_error_is_tested_alone():
+    assert set(POISONED_BY) == set(worker.POISONING)
+    for fragment, error in POISONED_BY.items():
+        assert [f for f in worker.POISONING if f in error] == [fragment], error
+
+
+@pytest.mark.parametrize("fragment", list(POISONED_BY))
+def test_a_worker_is_replaced_after_each_kind_of_poisoning_error(fragment, monkeypatch):
+    monkeypatch.setattr(worker, "_resident", None)
+    reason = worker.after_evaluation(POISONED_BY[fragment])
+    assert reason == f"replaced after the error: {POISONED_BY[fragment]}"
+
+
 def test_a_worker_is_replaced_when_device_memory_grows_past_its_first_evaluation(monkeypatch):
     """What torch keeps for a process's lifetime (cuBLAS workspaces: 195 MiB on an H200) stays
     after every evaluation and is no leak; growth beyond it is. CUDA is simulated: the test

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from einspace.errors import EinspaceError
+from einspace.errors import EinspaceError, GrammarError
 from einspace.grammar.model import (
     Alternative,
     Grammar,
@@ -21,7 +21,7 @@ from einspace.grammar.model import (
     format_alternative,
 )
 from einspace.ops.registry import get_op
-from einspace.state import MODES, RANK_OF_MODE, FeatureState, Signal
+from einspace.state import MODES, RANK_OF_MODE, FeatureState, Signal, describe
 
 __all__ = ["GrammarAnalysis", "analyse", "critical_probability", "format_analysis", "label_text"]
 
@@ -110,8 +110,13 @@ class _Analyser:
 
     def note(self, label: Label) -> None:
         if label not in self.out:
-            if len(self.out) >= _MAX_LABELS:
-                raise EinspaceError(f"grammar analysis: more than {_MAX_LABELS} (symbol, context) pairs")
+            if len(self.out) >= _MAX_LABELS:  # its matrices grow with the square of the pairs
+                raise GrammarError(
+                    f"the consistency analysis stops at {_MAX_LABELS} (symbol, context) pairs and {label[0]} "
+                    "here is one more; sample and search skip the analysis with --allow-inconsistent "
+                    "(`allow_inconsistent: true` in an experiment file)",
+                    self.grammar.rules_for(label[0])[0].location,
+                )
             self.out[label] = {}
             self.order.append(label)
 
@@ -387,13 +392,25 @@ def format_analysis(a: GrammarAnalysis, max_rows: int = 40, contexts: bool = Fal
     return "\n".join(lines)
 
 
-def require_consistent(grammar: Grammar, mode: str, allow: bool = False) -> None:
-    """Refuse a grammar whose derivations may never end (rho >= 1), unless `allow`: sampling
-    from it mostly hits the size limits, so its trees say more about the limits than the grammar."""
-    if allow:
-        return
-    analysis = analyse(grammar, mode)
-    if not analysis.consistent:
+def require_consistent(grammar: Grammar, input: FeatureState, allow: bool = False) -> None:
+    """Refuse a grammar that derives no tree from `input`'s mode (a col grammar given images), and,
+    unless `allow`, one whose derivations may never end (rho >= 1): sampling from it mostly hits
+    the size limits, so its trees say more about the limits than the grammar. `allow` also lets a
+    grammar too large to analyse through."""
+    mode = input.mode
+    try:
+        analysis = analyse(grammar, mode)
+    except GrammarError:
+        if allow:
+            return
+        raise
+    if not analysis.derivable and not analysis.infinite:
+        raise EinspaceError(
+            f"grammar {grammar.path} derives no tree from the input {describe((input,))}: no derivation of "
+            f"{grammar.start} applies to {mode}-mode features (`einspace check {grammar.path}` says which "
+            "modes it takes)"
+        )
+    if not analysis.consistent and not allow:
         raise EinspaceError(
             f"{grammar.path} is inconsistent in {mode} mode (spectral radius {analysis.spectral_radius:.4g} "
             ">= 1): its derivations may never end, so samples would mostly be cut by the limits. Raise "

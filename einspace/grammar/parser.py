@@ -158,7 +158,17 @@ def _base_grammar(tree: Any, path: str, extending: tuple[Path, ...]) -> Grammar 
     if target.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain[chain.index(target.resolve()) :], target.resolve()))
         raise GrammarError(f"grammars extend each other in a cycle: {cycle}", here)
+    if len(chain) >= MAX_EXTENDS:  # each level is a few Python frames: stop well before RecursionError
+        raise GrammarError(
+            f"grammars extend each other more than {MAX_EXTENDS} deep (from {chain[0]}); "
+            "merge some of the files in the chain",
+            here,
+        )
     return load_grammar(target, _extending=chain)
+
+
+#: How long a chain of `extends` may be.
+MAX_EXTENDS = 100
 
 
 def _extended_file(token: Token, path: str, here: Location) -> Path:
@@ -167,6 +177,8 @@ def _extended_file(token: Token, path: str, here: Location) -> Path:
     folder = Path(path).parent if path != "<string>" else Path.cwd()
     if token.type == "STRING":
         target = folder / str(token)[1:-1]
+        if target.is_dir():
+            raise GrammarError(f"cannot extend {str(token)}: {target} is a folder, not a grammar file", here)
         if not target.is_file():
             raise GrammarError(f"cannot extend {str(token)}: no file {target}", here)
         return target

@@ -238,13 +238,30 @@ def _check_productive(grammar: Grammar) -> None:
             ):
                 productive.add(symbol)
                 changed = True
-    for symbol in grammar.nonterminals:
-        if symbol not in productive:
-            raise GrammarError(
-                f"non-terminal {symbol} never derives only operations: every alternative "
-                "needs itself or another such non-terminal",
-                grammar.rules_for(symbol)[0].location,
-            )
+    stuck = [symbol for symbol in grammar.nonterminals if symbol not in productive]
+    if not stuck:
+        return
+    # Report a symbol on the cycle that causes it (`M -> M x`), not one that merely needs it (`S -> M`):
+    # follow what each stuck symbol needs until a symbol comes round again.
+    path = [stuck[0]]
+    while True:
+        needed = [
+            name
+            for rule in grammar.rules_for(path[-1])
+            for alt in rule.alternatives
+            for name in _symbols(alt.items)
+            if name not in productive
+        ]
+        if needed[0] in path:
+            cycle = path[path.index(needed[0]) :]
+            break
+        path.append(needed[0])
+    loop = f" (here, the cycle {' -> '.join([*cycle, cycle[0]])})" if len(cycle) > 1 else ""
+    raise GrammarError(
+        f"non-terminal {cycle[0]} never derives only operations: every alternative "
+        f"needs itself or another such non-terminal{loop}",
+        grammar.rules_for(cycle[0])[0].location,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError
 from einspace.grammar.model import Grammar
 from einspace.network.lowering import lower as lower_modules
+from einspace.network.memory import require_memory
 from einspace.ops.registry import get_op
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal, TreeVisitor
@@ -116,6 +117,10 @@ def compile_network(
 
 
 def _build(checked: CheckedTree, lower: bool) -> nn.Module:
+    # Refused before allocating: a sampled tree may describe more parameters than the machine holds.
+    require_memory(
+        {"float32 parameters": 4 * checked.params}, f"building a network of {checked.params:,} parameters"
+    )
     module = _Compiler(checked).sequence(checked.tree, ())
     return lower_modules(module) if lower else module
 

@@ -15,6 +15,7 @@ from torch import nn
 from einspace.errors import EinspaceError
 from einspace.ops.dnarch import (
     MEASURES,
+    check_complexity_options,
     conv_costs,
     lowpass_model,
     stack_costs,
@@ -312,10 +313,7 @@ class ComplexityLoss:
     (the head, outside the tree, is not counted)."""
 
     def __init__(self, network: nn.Module, checked: Any, target: float, measure: str):
-        if measure not in MEASURES:
-            raise EinspaceError(f"complexity loss: measure must be flops or params, got {measure!r}")
-        if isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0:
-            raise EinspaceError(f"complexity loss: target must be a number > 0, got {target!r}")
+        check_complexity_options(target=target, measure=measure)
         self.measure = measure
         self.modules = [m for m in network.modules() if isinstance(m, DNArchModule)]
         self.nominal = {name: int(getattr(checked, name)) for name in MEASURES}
@@ -345,7 +343,7 @@ class ComplexityLoss:
         return metrics
 
 
-@register_network_loss("complexity")
+@register_network_loss("complexity", check=check_complexity_options)
 def complexity_loss(
     network: nn.Module, checked: Any, *, target: float = 0.5, measure: str = "flops"
 ) -> ComplexityLoss:

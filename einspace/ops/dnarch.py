@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from einspace.errors import EinspaceError
 from einspace.ops.core import UnaryOperation
 from einspace.ops.registry import Argument, Group, infeasible, register_op, torch_side
 from einspace.state import COL, FeatureState
@@ -54,6 +55,7 @@ __all__ = [
     "DNArchKernel",
     "DNArchResolution",
     "DNArchWidth",
+    "check_complexity_options",
     "conv_costs",
     "lowpass_model",
     "stack_costs",
@@ -267,3 +269,11 @@ class DNArchDepth(UnaryOperation):
 
     def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
         return self._costs(state, args)["flops"]
+
+
+def check_complexity_options(*, target: float = 0.5, measure: str = "flops") -> None:
+    """The complexity loss's options, checked before a search starts (no network needed)."""
+    if measure not in MEASURES:
+        raise EinspaceError(f"complexity loss: measure must be flops or params, got {measure!r}")
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0:
+        raise EinspaceError(f"complexity loss: target must be a number > 0, got {target!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,7 +75,12 @@ class Operation:
             raise infeasible(f"{self.name} is an aggregation and needs at least 2 branches, got {b}")
         if self.group is not Group.AGGREGATION and b != 1 and not self.takes_branches:
             raise infeasible(f"{self.name} acts on one tensor, and {b} branches are in flight")
-        return self.infer(signal, args)
+        try:
+            return self.infer(signal, args)
+        except EinspaceError:  # Infeasible included: the operation said why it cannot apply
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug in an operation becomes a sentence naming it
+            raise OperationFailed(self, "infer", exc) from None
 
     def infer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
         raise NotImplementedError
@@ -105,6 +111,24 @@ class Operation:
 
     def __repr__(self) -> str:
         return f"<operation {self.name} ({self.group.value})>"
+
+
+class OperationFailed(EinspaceError):
+    """An operation's own code raised (a bug, typically in a plugin): names the operation, where
+    it is defined, and the line that failed."""
+
+    def __init__(self, op: Operation, method: str, exc: Exception):
+        from einspace.plugins import where_failed
+
+        cls = type(op)
+        try:
+            source = inspect.getsourcefile(cls)
+            defined = f"{source}:{inspect.getsourcelines(cls)[1]}"
+        except (OSError, TypeError):
+            source, defined = None, cls.__module__
+        super().__init__(
+            f"operation {op.name!r} (defined at {defined}) failed in {method}: {where_failed(exc, source)}"
+        )
 
 
 #: The built-in operations by the module that registers them. A look-up imports only the module of

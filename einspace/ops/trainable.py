@@ -43,6 +43,7 @@ __all__ = [
     "auxiliary_loss_modules",
     "auxiliary_losses",
     "build_network_loss",
+    "check_network_loss",
     "constrain_architecture",
     "is_architecture_parameter",
     "mark_architecture",
@@ -136,8 +137,8 @@ class _NamedFactory:
     """A network loss factory under its registered name, with the factory's signature (the
     registry checks options against it) and module (a built-in registers without a detour)."""
 
-    def __init__(self, name: str, factory: NetworkLossFactory):
-        self.name, self.factory = name, factory
+    def __init__(self, name: str, factory: NetworkLossFactory, check: Callable[..., None] | None):
+        self.name, self.factory, self.check = name, factory, check
         self.__signature__ = inspect.signature(factory)
         self.__module__ = factory.__module__
 
@@ -152,14 +153,27 @@ class _NamedFactory:
 NETWORK_LOSSES: Registry[_NamedFactory] = Registry("network loss", builtins=("einspace.ops._dnarch_modules",))
 
 
-def register_network_loss(name: str) -> Callable[[NetworkLossFactory], NetworkLossFactory]:
-    """Decorator: register a network loss factory `(network, checked, **options) -> NetworkLoss`."""
+def register_network_loss(
+    name: str, check: Callable[..., None] | None = None
+) -> Callable[[NetworkLossFactory], NetworkLossFactory]:
+    """Decorator: register a network loss factory `(network, checked, **options) -> NetworkLoss`.
+    `check(**options)`, if given, raises EinspaceError for bad option values: it runs before a
+    search starts, when there is no network yet."""
 
     def register(factory: NetworkLossFactory) -> NetworkLossFactory:
-        NETWORK_LOSSES.register(_NamedFactory(name, factory))
+        NETWORK_LOSSES.register(_NamedFactory(name, factory, check))
         return factory
 
     return register
+
+
+def check_network_loss(name: str, options: Mapping[str, Any]) -> None:
+    """The option names of network loss `name` against its factory, and their values with its
+    `check`, without building it (an unknown name suggests the registered ones)."""
+    NETWORK_LOSSES.check_settings(name, options, None, None)  # network and checked tree: later
+    entry = NETWORK_LOSSES.get(name)
+    if entry.check is not None:
+        entry.check(**options)
 
 
 def network_losses() -> list[str]:

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
+from einspace.outputs import writable, write_output
 from einspace.pictures.figures import graph_figure, tree_figure
 from einspace.pictures.folding import folded_text
 from einspace.tree import pretty
@@ -81,9 +82,8 @@ def render(checked: CheckedTree, path: str | Path, name: str = "tree", view: str
         raise EinspaceError(f"cannot render to {path}: the file name must end in {', '.join(FORMATS)}")
     if view not in VIEWS:
         raise EinspaceError(f"unknown picture {view!r}; choose one of {', '.join(VIEWS)}")
+    writable(path)  # before drawing
     if suffix == ".html":
-        text = page(name, f"<h1>{html.escape(name)}</h1>\n" + tree_section(checked, name))
-        path.write_text(text)
-        return path
-    save(VIEWS[view](checked, name), path, suffix[1:])
-    return path
+        return write_output(path, page(name, f"<h1>{html.escape(name)}</h1>\n" + tree_section(checked, name)))
+    figure = VIEWS[view](checked, name)
+    return write_output(path, lambda target: save(figure, target, suffix[1:]))

@@ -27,8 +27,8 @@ the operation named.
 from __future__ import annotations
 
 import keyword
-import pickle
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +44,7 @@ from einspace.network.export.classes import classes_of, render_class, state_of
 from einspace.network.export.parts import HELPERS
 from einspace.network.export.writer import Writer
 from einspace.ops.registry import get_op
+from einspace.outputs import write_output
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Terminal, content_hash, describe_path, walk
 
@@ -139,19 +140,25 @@ def export_networks(networks: Mapping[str, Network], docs: Mapping[str, str] | N
 
 def save_weights(state_dict: Mapping[str, torch.Tensor], path: str | Path) -> None:
     """Write a state_dict in torch's format, tensors only: `torch.load(path, weights_only=True)`."""
-    try:
-        torch.save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()}, Path(path))
-    except OSError as exc:
-        raise EinspaceError(f"cannot write weights {path}: {exc.strerror or exc}") from None
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    write_output(path, lambda target: torch.save(tensors, target))
 
 
 def load_weights(module: nn.Module, path: str | Path) -> None:
     """Load a state_dict file (tensors only, never pickled objects) into `module`; a file that is
     not one, or does not fit, is an EinspaceError naming it."""
     try:
-        state = torch.load(Path(path), weights_only=True, map_location="cpu")
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise EinspaceError(f"cannot read weights {path}: {str(exc).splitlines()[0]}") from None
+        with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
+            warnings.simplefilter("ignore")
+            state = torch.load(Path(path), weights_only=True, map_location="cpu")
+    except OSError as exc:
+        raise EinspaceError(f"cannot read weights {path}: {exc.strerror or exc}") from None
+    except Exception:  # noqa: BLE001 - whatever a foreign file makes the unpickler raise
+        # torch's own message advises weights_only=False, which would run code from the file: never relay it
+        raise EinspaceError(
+            f"cannot read weights {path}: not a file of tensors saved with torch.save (einspace loads "
+            "tensors only, never other pickled objects)"
+        ) from None
     if not isinstance(state, Mapping):
         raise EinspaceError(f"weights {path} hold a {type(state).__name__}, not a state_dict")
     try:
