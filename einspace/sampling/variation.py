@@ -20,9 +20,8 @@ def limit_violation(checked: CheckedTree, limits: Limits) -> str | None:
         return f"depth {stats.depth} > max_depth {limits.max_depth}"
     if stats.nodes > limits.max_nodes:
         return f"{stats.nodes} nodes > max_nodes {limits.max_nodes}"
-    if limits.max_params is not None and checked.params > limits.max_params:
-        return f"{checked.params} parameters > max_params {limits.max_params}"
-    return None
+    violation = limits.cost_violation(checked.params, checked.flops)
+    return violation[1] if violation else None
 
 
 def _depths_and_sizes(tree: Node) -> tuple[dict[Path_, int], dict[Path_, int]]:
