@@ -25,7 +25,7 @@ class Limits:
     non-terminals; the parameter budget and the minimums `min_params` and `min_flops` use the
     operations' analytic counts (those of `einspace.checker.check_tree`; FLOPs per sample).
     The minimums keep degenerate candidates out: every mode, mutation and crossover reject a
-    complete tree below them (`meets_minimums`), which in the exact mode conditions exactly.
+    complete tree below them (`cost_violation`), which in the exact mode conditions exactly.
 
     `max_steps` bounds the paper mode's backtracking per attempt and `max_attempts` its restarts;
     the exact mode gives up after `max_attempts` x 100 rejected drafts (`einspace.sampling.exact`).
@@ -35,10 +35,10 @@ class Limits:
     max_nodes: int = 2000
     min_depth: int = 0
     max_params: int | None = None
-    min_params: int = 0
-    min_flops: int = 0
     max_steps: int = 20_000
     max_attempts: int = 100
+    min_params: int = 0
+    min_flops: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_nodes", "max_steps", "max_attempts"):
