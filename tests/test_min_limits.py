@@ -179,3 +179,33 @@ def test_cli_sample_keeps_min_params_and_min_flops(sampling, capsys, tmp_path):
     for path in files:
         checked = check_tree(parse_tree(path.read_text()), load_grammar("einspace"), X)
         assert checked.params >= 500 and checked.flops >= 20_000
+
+
+@pytest.mark.parametrize("sampling", ["paper", "exact"])
+def test_a_search_proposes_no_candidate_below_the_minimums(sampling, tmp_path):
+    """Regularised evolution (sampled, mutated and crossed-over candidates) under the minimums:
+    every tree the run evaluated meets them."""
+    from search_helpers import experiment
+
+    from einspace.search.loop import open_store, run_search
+
+    e = experiment(
+        tmp_path,
+        sampling=sampling,
+        limits={"min_params": 2_000, "min_flops": 100_000},
+        strategy={
+            "name": "regularised_evolution",
+            "settings": {"evaluations": 24, "population": 6, "tournament": 3, "crossover": 0.3},
+        },
+    )
+    store = open_store(e)
+    try:
+        assert run_search(e, e.make_executor(), store).finished
+        history = store.history()
+    finally:
+        store.close()
+    grammar, x = load_grammar("einspace"), e.input.state()
+    assert len(history) == 24 and {r.origin for r in history} >= {"sampled", "mutation"}
+    for record in history:
+        checked = check_tree(parse_tree(record.tree), grammar, x)
+        assert checked.params >= 2_000 and checked.flops >= 100_000, record.origin
