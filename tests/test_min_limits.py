@@ -94,7 +94,7 @@ def test_mutation_keeps_the_minimums_at_the_boundary(setting):
     variation = Variation(grammar, X, Limits(**{setting: small}), rng=random.Random(0))
     assert variation.mutate(LARGE_TREE) == SMALL_TREE
     variation = Variation(grammar, X, Limits(**{setting: small + 1}), rng=random.Random(0))
-    with pytest.raises(VariationError):
+    with pytest.raises(VariationError, match=f"no valid mutation .*{setting}={small + 1}"):
         variation.mutate(LARGE_TREE)
     at_large = Limits(**{setting: _minimum(setting, LARGE_TREE)})
     variation = Variation(grammar, X, at_large, rng=random.Random(0))

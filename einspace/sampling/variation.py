@@ -99,7 +99,10 @@ class Variation:
                 child = replace_at(tree, path, new)
                 if self._valid(child) is not None:
                     return child
-        raise VariationError(f"no valid mutation found in {self.max_tries} tries; the tree may be minimal")
+        raise VariationError(
+            f"no valid mutation found in {self.max_tries} tries within {limits.describe()}; "
+            "the tree may be minimal, or the limits too tight"
+        )
 
     def crossover(self, a: Node, b: Node) -> Node:
         """`a` with one of its subtrees replaced by a subtree of `b` that has the same symbol and
@@ -129,5 +132,7 @@ class Variation:
                     return child
                 tries += 1
                 if tries >= self.max_tries:
-                    raise VariationError(f"no valid crossover found in {self.max_tries} tries")
+                    raise VariationError(
+                        f"no valid crossover found in {self.max_tries} tries within {self.limits.describe()}"
+                    )
         raise VariationError("the parents share no exchangeable subtrees (same symbol and input signal)")
