@@ -53,6 +53,12 @@ def _add_limits(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-depth", type=int, default=defaults.min_depth)
     parser.add_argument("--max-params", type=int, default=None, help="parameter budget (analytic counts)")
     parser.add_argument(
+        "--min-params", type=int, default=defaults.min_params, help="fewest parameters (analytic counts)"
+    )
+    parser.add_argument(
+        "--min-flops", type=int, default=defaults.min_flops, help="fewest FLOPs per sample (analytic counts)"
+    )
+    parser.add_argument(
         "--max-steps",
         type=int,
         default=defaults.max_steps,
@@ -66,6 +72,8 @@ def _limits(args: argparse.Namespace) -> Limits:
         max_nodes=args.max_nodes,
         min_depth=args.min_depth,
         max_params=args.max_params,
+        min_params=args.min_params,
+        min_flops=args.min_flops,
         max_steps=args.max_steps,
     )
 

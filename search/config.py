@@ -48,6 +48,8 @@ _SPEC: dict[str, Any] = {
         "max_nodes": ((int,), 2000),
         "min_depth": ((int,), 0),
         "max_params": ((int, None), None),
+        "min_params": ((int,), 0),  # no degenerate candidates: trees below are rejected whole
+        "min_flops": ((int,), 0),  # FLOPs per sample, as the checker counts them
         "max_steps": ((int,), 20_000),
         "max_attempts": ((int,), 100),
     },

@@ -155,15 +155,53 @@ def test_the_enumeration_test_rejects_the_paper_mode(small):
     )
 
 
+def _costs(grammar: Grammar, x: FeatureState, texts) -> dict[str, tuple[int, int]]:
+    from einspace.tree import parse_tree
+
+    return {t: (lambda c: (c.params, c.flops))(check_tree(parse_tree(t), grammar, x)) for t in texts}
+
+
+def _conditioned(reference: dict[str, float], keep) -> dict[str, float]:
+    kept = {t: p for t, p in reference.items() if keep(t)}
+    total = sum(kept.values())
+    return {t: p / total for t, p in kept.items()}
+
+
+@pytest.mark.parametrize("setting", ["min_params", "min_flops"])
+def test_exact_mode_under_a_minimum_is_the_enumeration_conditioned_on_it(small, setting):
+    """`min_params` / `min_flops` condition exactly: the exact mode's frequencies under a minimum
+    match the unrestricted distribution (exhaustive enumeration) restricted to the trees that
+    meet it and renormalised; the same counts against the unrestricted one are rejected, so the
+    test can fail."""
+    x = input_state((2, 4, 4))
+    reference = enumerate_valid(small, x, 4)
+    costs = _costs(small, x, reference)
+    index = 0 if setting == "min_params" else 1
+    values = sorted({c[index] for c in costs.values()})
+    minimum = values[len(values) // 2]  # a median cost: about half the trees fall below
+    conditioned = _conditioned(reference, lambda t: costs[t][index] >= minimum)
+    assert 0.05 < sum(reference[t] for t in conditioned) < 0.95 and len(conditioned) > 10
+    n = 3000
+    sampler = ExactSampler(small, x, Limits(max_depth=4, **{setting: minimum}), random_seed=1)
+    counts = Counter(to_text(sampler.sample()) for _ in range(n))
+    assert set(counts) <= set(conditioned)
+    assert sampler.stats[setting] > 0  # drafts below the minimum were drawn and rejected whole
+    rejected, statistic, critical = chi_square_rejects(counts, conditioned, n)
+    assert not rejected, f"chi-square {statistic:.1f} > {critical:.1f}"
+    assert chi_square_rejects(counts, reference, n)[0]
+
+
 # ----------------------------------------------------------------------------- bundled grammars
 
 #: (grammar, input, limits): small enough for blind rejection sampling; together they exercise
-#: every limit the exact mode handles by rejection (nodes, parameters, minimum depth) and col mode.
+#: every limit the exact mode handles by rejection (nodes, parameters, minimum depth, minimum
+#: parameters and FLOPs) and col mode.
 CONFIGS = [
     ("einspace", (3, 8, 8), Limits(max_depth=10, max_nodes=100)),
     ("einspace", (3, 8, 8), Limits(max_depth=10, max_nodes=40, min_depth=5)),
     ("einspace_1d", (16, 32), Limits(max_depth=10, max_nodes=100)),
     ("einspace_plus", (16, 8, 8), Limits(max_depth=9, max_nodes=100, max_params=20_000)),
+    ("einspace", (3, 8, 8), Limits(max_depth=10, max_nodes=100, min_params=300, min_flops=20_000)),
 ]
 
 

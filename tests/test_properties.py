@@ -44,6 +44,7 @@ from einspace.checker import CheckedTree
 from einspace.errors import SamplingError, TreeError, VariationError
 from einspace.grammar import parse_grammar
 from einspace.ops.registry import Group, get_op
+from einspace.sampling import make_sampler
 from einspace.state import input_state
 from einspace.tree import (
     Node,
@@ -139,6 +140,8 @@ def _assert_within(checked: CheckedTree, limits: Limits) -> None:
     assert nodes <= limits.max_nodes
     if limits.max_params is not None:
         assert checked.params <= limits.max_params
+    assert checked.params >= limits.min_params
+    assert checked.flops >= limits.min_flops
 
 
 def _assert_round_trips(tree: Node) -> None:
@@ -318,13 +321,20 @@ def test_large_networks_run_on_the_cpu(case):
 # ----------------------------------------------------------------------------- limits
 
 LIMITS = st.builds(
-    lambda depth, nodes, min_depth, params: Limits(
-        max_depth=depth, max_nodes=nodes, min_depth=min(min_depth, depth), max_params=params
+    lambda depth, nodes, min_depth, params, min_params, min_flops: Limits(
+        max_depth=depth,
+        max_nodes=nodes,
+        min_depth=min(min_depth, depth),
+        max_params=params,
+        min_params=min_params if params is None else min(min_params, params),
+        min_flops=min_flops,
     ),
     depth=st.integers(3, 30),
     nodes=st.integers(8, 400),
     min_depth=st.integers(0, 10),
     params=st.sampled_from([None, 0, 10_000, 1_000_000]),
+    min_params=st.sampled_from([0, 0, 1_000, 100_000]),
+    min_flops=st.sampled_from([0, 0, 100_000, 10_000_000]),
 )
 
 
@@ -345,6 +355,35 @@ def test_sampled_trees_respect_limits(case, seed, limits):
     _assert_within(checked, limits)
 
 
+#: Minimums on the costs (no degenerate candidates), from none to more than most trees have;
+#: few attempts, so that limits no tree meets end quickly.
+MINIMUMS = st.builds(
+    lambda params, flops: Limits(
+        max_depth=12, max_nodes=150, min_params=params, min_flops=flops, max_attempts=5
+    ),
+    params=st.sampled_from([0, 1_000, 20_000, 300_000]),
+    flops=st.sampled_from([0, 50_000, 2_000_000, 50_000_000]),
+)
+
+
+@pytest.mark.parametrize("mode", ["paper", "exact"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[7]], ids=[CASE_IDS[0], CASE_IDS[4], CASE_IDS[7]])
+@_settings(40)
+@given(seed=SEEDS, limits=MINIMUMS)
+def test_every_mode_keeps_the_minimums(mode, case, seed, limits):
+    """`min_params` and `min_flops` in both sampling modes: a sample meets them (and every other
+    limit), or the sampler says it found none, naming them."""
+    grammar, x = _case(case)
+    try:
+        tree = make_sampler(grammar, x, limits, mode, random_seed=seed).sample()
+    except SamplingError as refusal:
+        event(f"{mode}: no tree within these limits")
+        assert f"min_params={limits.min_params}, min_flops={limits.min_flops}" in str(refusal)
+        return
+    event(f"{mode}: a tree")
+    _assert_within(check_tree(tree, grammar, x), limits)
+
+
 @pytest.mark.parametrize(
     "limits",
     [
@@ -354,6 +393,9 @@ def test_sampled_trees_respect_limits(case, seed, limits):
         Limits(max_nodes=20),
         Limits(min_depth=10),
         Limits(min_depth=6, max_depth=8, max_nodes=100, max_params=50_000),
+        Limits(min_params=5_000),
+        Limits(min_flops=1_000_000),
+        Limits(min_params=1_000, min_flops=100_000, max_params=1_000_000),
     ],
     ids=repr,
 )
@@ -387,6 +429,36 @@ def test_mutation_chains_stay_valid(case, seed):
         tree = child
     _assert_round_trips(tree)
     _assert_compiles_and_runs(checked)
+
+
+#: Variation's limits with minimums on the costs that many of the space's trees fall below.
+MINIMUM_LIMITS = Limits(
+    max_depth=16, max_nodes=200, max_params=2_000_000, min_params=5_000, min_flops=1_000_000
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@_settings(8)
+@given(seed=SEEDS)
+def test_mutation_and_crossover_keep_the_minimums(case, seed):
+    """Ten mutations and crossovers in a row under `min_params` and `min_flops`: every child
+    checks and stays within every limit, the minimums included (or the operator refuses)."""
+    grammar, x = _case(case)
+    rng = random.Random(seed)
+    sampler = Sampler(grammar, x, MINIMUM_LIMITS, rng=rng)
+    tree, other = sampler.sample(), sampler.sample()
+    variation = Variation(grammar, x, MINIMUM_LIMITS, rng=rng)
+    children = 0
+    for i in range(10):
+        try:
+            child = variation.crossover(tree, other) if i % 3 == 2 else variation.mutate(tree)
+        except VariationError:
+            event("variation refused")
+            continue
+        assert child != tree
+        _assert_within(check_tree(child, grammar, x), MINIMUM_LIMITS)
+        tree, children = child, children + 1
+    assert children >= 5
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[5]], ids=[CASE_IDS[0], CASE_IDS[5]])
@@ -429,6 +501,7 @@ def _valid(tree: Node, grammar, x, limits: Limits) -> bool:
         return False
     depth, nodes = _sizes(checked)
     params_ok = limits.max_params is None or checked.params <= limits.max_params
+    params_ok = params_ok and checked.params >= limits.min_params and checked.flops >= limits.min_flops
     return limits.min_depth <= depth <= limits.max_depth and nodes <= limits.max_nodes and params_ok
 
 

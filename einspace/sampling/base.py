@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from einspace.checker import check_tree
 from einspace.errors import EinspaceError
 from einspace.grammar.model import Grammar
 from einspace.state import FeatureState, Signal
@@ -21,7 +22,10 @@ __all__ = ["Limits", "SamplerBase", "cyclic_gc_paused"]
 @dataclass(frozen=True)
 class Limits:
     """Bounds on sampled trees. Depth counts non-terminal levels; nodes count terminals and
-    non-terminals; the parameter budget uses the operations' analytic counts.
+    non-terminals; the parameter budget and the minimums `min_params` and `min_flops` use the
+    operations' analytic counts (those of `einspace.checker.check_tree`; FLOPs per sample).
+    The minimums keep degenerate candidates out: every mode, mutation and crossover reject a
+    complete tree below them (`cost_violation`), which in the exact mode conditions exactly.
 
     `max_steps` bounds the paper mode's backtracking per attempt and `max_attempts` its restarts;
     the exact mode gives up after `max_attempts` x 100 rejected drafts (`einspace.sampling.exact`).
@@ -33,6 +37,8 @@ class Limits:
     max_params: int | None = None
     max_steps: int = 20_000
     max_attempts: int = 100
+    min_params: int = 0
+    min_flops: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_nodes", "max_steps", "max_attempts"):
@@ -40,8 +46,33 @@ class Limits:
                 raise EinspaceError(f"limit {name} must be at least 1, got {getattr(self, name)}")
         if self.min_depth > self.max_depth:
             raise EinspaceError(f"min_depth {self.min_depth} exceeds max_depth {self.max_depth}")
-        if self.max_params is not None and self.max_params < 0:
-            raise EinspaceError(f"max_params must be non-negative, got {self.max_params}")
+        for name in ("max_params", "min_params", "min_flops"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise EinspaceError(f"{name} must be non-negative, got {value}")
+        if self.max_params is not None and self.min_params > self.max_params:
+            raise EinspaceError(f"min_params {self.min_params} exceeds max_params {self.max_params}")
+
+    @property
+    def has_minimums(self) -> bool:
+        """Whether a minimum on the costs (`min_params`, `min_flops`) is set."""
+        return self.min_params > 0 or self.min_flops > 0
+
+    def cost_violation(self, params: int, flops: int) -> tuple[str, str] | None:
+        """The first cost limit a tree with these parameter and FLOP counts breaks, as (the
+        setting's name, a message), or None: the one place that compares costs with limits."""
+        if self.max_params is not None and params > self.max_params:
+            return "max_params", f"{params} parameters > max_params {self.max_params}"
+        if params < self.min_params:
+            return "min_params", f"{params} parameters < min_params {self.min_params}"
+        if flops < self.min_flops:
+            return "min_flops", f"{flops} FLOPs < min_flops {self.min_flops}"
+        return None
+
+    def describe(self) -> str:
+        """The limits on a tree's size and costs, for the messages of a sampler that gives up."""
+        names = ("max_depth", "max_nodes", "min_depth", "max_params", "min_params", "min_flops")
+        return ", ".join(f"{name}={getattr(self, name)}" for name in names)
 
 
 class SamplerBase:
@@ -67,6 +98,17 @@ class SamplerBase:
 
     def sample(self) -> Node:
         raise NotImplementedError
+
+    def _cost_violation(self, tree: Node) -> str | None:
+        """For a complete tree: the cost limit it breaks (the setting's name: a minimum, as the
+        modes keep `max_params` while drawing), or None. Its costs come from the checker, so it
+        looks only when a minimum is set; a mode rejects the whole tree, never part of it,
+        which keeps the exact mode exact."""
+        if not self.limits.has_minimums:
+            return None
+        checked = check_tree(tree, None, self.input)
+        violation = self.limits.cost_violation(checked.params, checked.flops)
+        return violation[0] if violation else None
 
 
 @contextmanager

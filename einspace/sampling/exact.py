@@ -9,7 +9,8 @@ argument grid). How each limit and constraint is met:
   between its items and each argument are drawn with the probability that the derivations through
   them complete, so a draft never reaches a dead end of these kinds;
 - shapes (an `add` of unequal branches, a kernel larger than its input, a `col2im` whose sequence
-  changed, ...), `max_nodes`, `max_params` and `min_depth`: by rejection. A draft's shapes and
+  changed, ...), `max_nodes`, `max_params`, `min_depth`, `min_params` and `min_flops`: by
+  rejection (the minimums of complete drafts only). A draft's shapes and
   costs are computed as it is drawn; the first failure discards the whole draft (nothing is
   repaired locally, which is what would distort the distribution) and a new draft starts.
 
@@ -200,8 +201,7 @@ class ExactSampler(SamplerBase):
         reasons = ", ".join(f"{n} by {r}" for r, n in rejected.items() if r != "drafts")
         raise SamplingError(
             f"all {drafts} drafts of a tree for input {describe(self.input)} were rejected ({reasons}) "
-            f"within max_nodes={limits.max_nodes}, min_depth={limits.min_depth}, "
-            f"max_params={limits.max_params}; the limits may be too tight"
+            f"within {limits.describe()}; the limits may be too tight"
         )
 
     # ------------------------------------------------------------------ drawing
@@ -219,6 +219,10 @@ class ExactSampler(SamplerBase):
             return None
         if self.limits.min_depth and tree_depth(tree) < self.limits.min_depth:
             stats["min_depth"] += 1
+            return None
+        violation = self._cost_violation(tree)
+        if violation:
+            stats[violation] += 1
             return None
         stats["accepted"] += 1
         return tree

@@ -8,6 +8,9 @@ probabilities over the feasible ones. When a later item finds no feasible option
 untried decision is revisited (the sampler is a lazy depth-first search written with
 generators; see `_COMPLETIONS_PER_CHOICE`), so a sample never fails a forward pass.
 
+A complete tree below `min_params` or `min_flops` (costs known only once it is whole) is rejected
+and the search goes on, to the next derivation or a new attempt, like a tree below `min_depth`.
+
 The search is bounded by a step budget per attempt; an attempt that exhausts it is restarted
 with the random stream where it stands, and after `max_attempts` the sampler gives up with a
 message. Nothing waits on a clock and nothing runs a network.
@@ -19,6 +22,7 @@ conditioned on validity (it favours larger trees: `benchmarks/sampling.py` measu
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -77,6 +81,8 @@ class Sampler(SamplerBase):
         self._rules: dict[tuple[str, Signal], object] = {}
         self._infer: dict[tuple[str, tuple, Signal], tuple[Signal, int] | None] = {}
         self._steps = 0
+        #: complete trees rejected for a minimum on their costs, by the setting's name.
+        self._rejected: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ public API
 
@@ -90,10 +96,22 @@ class Sampler(SamplerBase):
                 self.limits.max_nodes,
                 self._param_budget(),
             ),
-            accept=lambda d: len(d[1]) == 1 and tree_depth(d[0]) >= self.limits.min_depth,
+            accept=self._complete,
             what=f"tree of {self.grammar.start} for input {describe(self.input)}",
         )
         return tree[0]
+
+    def _complete(self, derivation: Derivation) -> bool:
+        """Whether a derivation of the start symbol is a tree to return: one output branch, at
+        least `min_depth` deep, and no minimum unmet (a tree below one is rejected whole)."""
+        tree, out = derivation[0], derivation[1]
+        if len(out) != 1 or tree_depth(tree) < self.limits.min_depth:
+            return False
+        violation = self._cost_violation(tree)
+        if violation:
+            self._rejected[violation] += 1
+            return False
+        return True
 
     def derivations(
         self, symbol: str, signal: Signal, max_depth: int, max_nodes: int, max_params: float = _INF
@@ -124,6 +142,7 @@ class Sampler(SamplerBase):
     def _attempts(self, start, accept, what: str) -> Derivation:
         limits = self.limits
         out_of_steps = 0
+        self._rejected.clear()
         for _ in range(limits.max_attempts):
             self._steps = 0
             try:
@@ -136,10 +155,10 @@ class Sampler(SamplerBase):
             except RecursionError:
                 raise SamplingError(f"{what}: trees too deep for Python; lower max_depth") from None
         dead_ends = limits.max_attempts - out_of_steps
+        rejected = "".join(f", {n} trees rejected by {name}" for name, n in self._rejected.items())
         raise SamplingError(
             f"found no {what} in {limits.max_attempts} attempts ({dead_ends} dead ends, {out_of_steps} ran "
-            f"out of {limits.max_steps} steps) within max_depth={limits.max_depth}, "
-            f"max_nodes={limits.max_nodes}, min_depth={limits.min_depth}, max_params={limits.max_params}; "
+            f"out of {limits.max_steps} steps{rejected}) within {limits.describe()}; "
             "the grammar may not fit this input, or the limits are too tight"
         )
 

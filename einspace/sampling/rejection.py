@@ -43,12 +43,18 @@ class RejectionSampler(SamplerBase):
                         raise _Invalid("branches")
                     if height < self.limits.min_depth:
                         raise _Invalid("min_depth")
+                    violation = self._cost_violation(tree)
+                    if violation:
+                        raise _Invalid(violation)
                 except _Invalid as invalid:
                     self.stats[invalid.args[0]] += 1
                     continue
                 self.stats["accepted"] += 1
                 return tree
-        raise SamplingError(f"no valid tree for {describe(self.input)} in {self.stats['drafts']} drafts")
+        raise SamplingError(
+            f"no valid tree for {describe(self.input)} in {self.stats['drafts']} drafts "
+            f"within {self.limits.describe()}"
+        )
 
     def _symbol(self, name: str, signal: Signal, depth: int, copies: int) -> tuple[Node, Signal, int]:
         if depth < 1:

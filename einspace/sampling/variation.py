@@ -20,9 +20,8 @@ def limit_violation(checked: CheckedTree, limits: Limits) -> str | None:
         return f"depth {stats.depth} > max_depth {limits.max_depth}"
     if stats.nodes > limits.max_nodes:
         return f"{stats.nodes} nodes > max_nodes {limits.max_nodes}"
-    if limits.max_params is not None and checked.params > limits.max_params:
-        return f"{checked.params} parameters > max_params {limits.max_params}"
-    return None
+    violation = limits.cost_violation(checked.params, checked.flops)
+    return violation[1] if violation else None
 
 
 def _depths_and_sizes(tree: Node) -> tuple[dict[Path_, int], dict[Path_, int]]:
@@ -100,7 +99,10 @@ class Variation:
                 child = replace_at(tree, path, new)
                 if self._valid(child) is not None:
                     return child
-        raise VariationError(f"no valid mutation found in {self.max_tries} tries; the tree may be minimal")
+        raise VariationError(
+            f"no valid mutation found in {self.max_tries} tries within {limits.describe()}; "
+            "the tree may be minimal, or the limits too tight"
+        )
 
     def crossover(self, a: Node, b: Node) -> Node:
         """`a` with one of its subtrees replaced by a subtree of `b` that has the same symbol and
@@ -130,5 +132,7 @@ class Variation:
                     return child
                 tries += 1
                 if tries >= self.max_tries:
-                    raise VariationError(f"no valid crossover found in {self.max_tries} tries")
+                    raise VariationError(
+                        f"no valid crossover found in {self.max_tries} tries within {self.limits.describe()}"
+                    )
         raise VariationError("the parents share no exchangeable subtrees (same symbol and input signal)")
