@@ -13,7 +13,7 @@ from typing import Any
 from einspace.errors import EinspaceError
 from einspace.search.strategy import Candidate, SearchSpace, Strategy, _positive_int, register_strategy
 from einspace.search.surrogate import Surrogate, tree_features
-from einspace.tree import Node
+from einspace.tree import Node, content_hash
 
 #: How often a failed mutation (e.g. a minimal tree with nothing to change) is retried with a new
 #: tournament before falling back to a fresh sample, so one awkward parent cannot stall the search.
@@ -34,7 +34,8 @@ class RegularisedEvolution(Strategy):
 
     With `screen` k > 1, each child is the best of k such proposals as ranked by a `Surrogate`
     fitted to every result told so far (`surrogate`: random_forest or gradient_boosting), once
-    `surrogate_min_results` are in; before that, plain RE.
+    `surrogate_min_results` are in; before that, plain RE. Screening prefers trees not proposed
+    before (a repeat would only be served from the cache).
     """
 
     name = "regularised_evolution"
@@ -57,6 +58,7 @@ class RegularisedEvolution(Strategy):
         self.surrogate = Surrogate(surrogate, random_seed, min_results) if self.screen > 1 else None
         self._features: dict[int, dict[str, float]] = {}  # id -> features, of candidates not told yet
         self._predicted: dict[int, float] = {}  # id -> predicted fitness, of screened candidates
+        self._known: set[str] = set()  # hashes of the trees asked for so far (screening prefers others)
         self.population_size = _positive_int("population", population)
         self.tournament_size = _positive_int("tournament", tournament)
         if isinstance(crossover, bool) or not isinstance(crossover, int | float) or not 0 <= crossover <= 1:
@@ -80,8 +82,11 @@ class RegularisedEvolution(Strategy):
         proposals = [self._vary() for _ in range(self.screen)]
         features = [self._features_of(tree) for tree, _, _ in proposals]
         predicted = self.surrogate.predict(features)
-        best = max(range(len(proposals)), key=lambda i: (predicted[i], -i))
+        hashes = [content_hash(tree) for tree, _, _ in proposals]
+        # a tree already proposed would only be served from the cache: new ones first
+        best = max(range(len(proposals)), key=lambda i: (hashes[i] not in self._known, predicted[i], -i))
         self._features[self.next_id], self._predicted[self.next_id] = features[best], predicted[best]
+        self._known.add(hashes[best])
         return proposals[best]
 
     def _vary(self) -> tuple[Node, str, tuple[int, ...]]:
@@ -120,6 +125,7 @@ class RegularisedEvolution(Strategy):
             if features is None:
                 features = self._features_of(self.tree_of(candidate.id, candidate.tree))
             self.surrogate.add(features, fitness)
+            self._known.add(candidate.hash)
             if candidate.id in self._predicted:
                 self.surrogate.pairs.append((self._predicted.pop(candidate.id), fitness))
         self.population.append((candidate.id, candidate.tree, fitness))
@@ -133,7 +139,8 @@ class RegularisedEvolution(Strategy):
         }
         if self.surrogate is not None:
             predicted = sorted(self._predicted.items())
-            state["surrogate"] = {**self.surrogate.state_dict(), "predicted": predicted}
+            known = sorted(self._known)
+            state["surrogate"] = {**self.surrogate.state_dict(), "predicted": predicted, "known": known}
         return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
@@ -147,3 +154,4 @@ class RegularisedEvolution(Strategy):
                 raise EinspaceError("checkpoint has no surrogate: was the strategy setting 'screen' changed?")
             self.surrogate.load_state_dict(saved)
             self._predicted = {int(i): float(p) for i, p in saved["predicted"]}
+            self._known = set(saved["known"])
