@@ -432,7 +432,7 @@ def tiny_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     def never(*args, **kwargs):
         raise AssertionError("a module was built for a network that does not fit")
 
-    monkeypatch.setattr("einspace.compiler._Compiler.sequence", never)
+    monkeypatch.setattr("einspace.network.compiler._Compiler.sequence", never)
 
 
 def test_compile_network_refuses_a_network_larger_than_the_memory_limit(tiny_memory: None) -> None:
