@@ -449,7 +449,7 @@ def test_pattern_agrees_and_fires(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["conv_norm_act", "conv_of_permuted_image", "attention", "attention_over_image_rows", "heads_add"]
+    "name", ["conv_norm_act", "conv_of_permuted_image", "attention", "attention_key_split", "heads_add"]
 )
 def test_fusion_does_not_depend_on_how_a_pattern_is_written(renamed_pattern_axes, name):
     """With the axes of every einops pattern renamed, the same kernels fire and attention keeps its
