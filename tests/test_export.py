@@ -447,9 +447,9 @@ def test_a_plugin_that_declares_itself_exportable_is_exported(tmp_path):
             parse_tree("(S (M (C test_exportable_plugin)) (M (C linear(d=4))))"), None, input_state((6, 5))
         )
         network = compile_network(checked, classes=3)
+        exported = export_tree(checked, name="Plugged", network=network)  # checks exportability
     finally:
         unregister_op(_ExportablePlugin.name)
-    exported = export_networks({"Plugged": network})
     assert "F.leaky_relu(x, 0.25)" in exported.source
     path = tmp_path / "plugged.py"
     path.write_text(exported.source)
