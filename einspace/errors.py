@@ -66,6 +66,11 @@ class TreeError(EinspaceError):
         super().__init__(f"at node {path or '<root>'}: {message}" if path is not None else message)
 
 
+class BuildError(TreeError):
+    """An operation's `build` failed while a tree was compiled: names the node's address, the
+    operation and what went wrong."""
+
+
 class Infeasible(EinspaceError):
     """An operation cannot apply to the given feature state; `reason` says why."""
 

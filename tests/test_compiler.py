@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from einspace import check_tree, compile_backbone, compile_network, load_grammar, parse_tree
-from einspace.errors import EinspaceError, TreeError
+from einspace.errors import BuildError, EinspaceError, TreeError
+from einspace.ops import Group, Operation, register_op, unregister_op
 from einspace.state import input_state
 
 FIGURE_3 = (
@@ -90,3 +93,64 @@ def test_compile_reports_the_node_that_does_not_fit(paper):
         compile_backbone(tree, input_state((3, 8, 8)))  # without a grammar: shapes only
     with pytest.raises(EinspaceError, match="input"):
         compile_backbone(tree)
+
+
+class _BrokenBuild(Operation):
+    """A plugin whose shape rule holds but whose `build` fails with `error`."""
+
+    name, group = "test_broken_build", Group.COMPUTATION
+    error: Exception = ValueError("no module today")
+
+    def infer(self, signal, args):
+        return signal
+
+    def build(self, signal, args):
+        raise type(self).error
+
+
+@pytest.fixture
+def broken_build():
+    register_op(_BrokenBuild)
+    yield _BrokenBuild
+    unregister_op(_BrokenBuild.name)
+
+
+BROKEN_TREE = "(S (M (C identity)) (M (R1 identity) (M (C test_broken_build)) (R2 identity)))"
+BROKEN_NODE = "at node S > M#1 > M#1 > C#0 > test_broken_build#0: "
+
+
+@pytest.mark.parametrize(
+    "error, message",
+    [
+        (
+            ValueError("no module today"),
+            r"operation 'test_broken_build' \(defined at .*test_compiler.py:\d+\) "
+            r"failed in build: ValueError: no module today \(.*test_compiler.py:\d+\)",
+        ),
+        (
+            EinspaceError("weights too large"),
+            "operation 'test_broken_build' failed in build: weights too large",
+        ),
+    ],
+    ids=["bug", "refusal"],
+)
+def test_a_failing_build_names_the_node_and_the_operation(broken_build, monkeypatch, error, message):
+    monkeypatch.setattr(broken_build, "error", error)
+    with pytest.raises(BuildError) as caught:
+        compile_backbone(parse_tree(BROKEN_TREE), input_state((3, 8, 8)))
+    assert str(caught.value).startswith(BROKEN_NODE), str(caught.value)
+    assert re.search(message, str(caught.value)), str(caught.value)
+    assert caught.value.path == BROKEN_NODE[len("at node ") : -2]
+
+
+def test_an_allocation_failure_in_build_keeps_its_type_and_names_the_node(broken_build, monkeypatch):
+    """Evaluators report running out of memory apart from other failures: it passes unchanged,
+    with a note naming where it happened."""
+    failure = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(broken_build, "error", failure)
+    with pytest.raises(RuntimeError, match="CUDA out of memory") as caught:
+        compile_backbone(parse_tree(BROKEN_TREE), input_state((3, 8, 8)))
+    assert not isinstance(caught.value, EinspaceError)
+    assert caught.value.__notes__ == [
+        "while building operation 'test_broken_build' at node S > M#1 > M#1 > C#0 > test_broken_build#0"
+    ]

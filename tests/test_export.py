@@ -415,7 +415,8 @@ REFUSED = [
     (
         "(S (M (C test_export_plugin)) (M (C identity)))",
         (16, 8, 8),
-        "export of test_export_plugin is not supported: only einspace's own operations",
+        r"export of test_export_plugin is not supported: its class _Plugin \(defined at "
+        r".*test_export.py:\d+\) does not declare `exportable = True`",
     ),
 ]
 
@@ -425,6 +426,60 @@ def test_terminals_without_a_plain_form_are_refused_by_name(plugin, tree, shape,
     with pytest.raises(EinspaceError, match=message) as caught:
         export_tree(parse_tree(tree), input_state(shape), 3)
     assert "(node S > M#0 > C#0 > " in str(caught.value)
+
+
+class _ExportablePlugin(Operation):
+    """A user's operation whose module export knows (torch's own): it says so, and is exported."""
+
+    name, group, exportable = "test_exportable_plugin", Group.COMPUTATION, True
+
+    def infer(self, signal, args):
+        return signal
+
+    def build(self, signal, args):
+        return torch.nn.LeakyReLU(0.25)
+
+
+def test_a_plugin_that_declares_itself_exportable_is_exported(tmp_path):
+    register_op(_ExportablePlugin)
+    try:
+        checked = check_tree(
+            parse_tree("(S (M (C test_exportable_plugin)) (M (C linear(d=4))))"), None, input_state((6, 5))
+        )
+        network = compile_network(checked, classes=3)
+        exported = export_tree(checked, name="Plugged", network=network)  # checks exportability
+    finally:
+        unregister_op(_ExportablePlugin.name)
+    assert "F.leaky_relu(x, 0.25)" in exported.source
+    path = tmp_path / "plugged.py"
+    path.write_text(exported.source)
+    x = torch.randn(2, 6, 5, dtype=torch.float64)
+    payload = {"Plugged": {"input": x, "state": exported.state_dicts["Plugged"]}}
+    results = run_exported(tmp_path, [path], payload)
+    wanted = expected_outputs(network, x)
+    assert_close(results["Plugged"]["eval"], wanted["eval"], "plugin", 1e-9)
+
+
+def test_routing_modules_are_written_from_their_data(tmp_path, renamed_pattern_axes):
+    """col2im from its fold and permute from its order (not by reading einops patterns back):
+    with every pattern's axes renamed, the file is the same and computes the same."""
+    tree = (
+        "(S (M (R1 permute(order=(2, 3, 1))) (M (C norm)) (R2 permute(order=(3, 1, 2))))"
+        " (M (R1 im2col(k=3, s=1, p=1)) (M (C norm)) (R2 col2im)))"
+    )
+    checked = check_tree(parse_tree(tree), None, input_state((3, 6, 8)))
+    network = compile_network(checked, classes=3)
+    exported = export_networks({"Routed": network})
+    for line in (".permute(0, 2, 3, 1)", ".permute(0, 3, 1, 2)", ".transpose(1, 2).unflatten(2, (6, 8))"):
+        assert line in exported.source, line
+    path = tmp_path / "routed.py"
+    path.write_text(exported.source)
+    x = torch.randn(2, 3, 6, 8, dtype=torch.float64)
+    payload = {"Routed": {"input": x, "state": exported.state_dicts["Routed"]}}
+    results = run_exported(tmp_path, [path], payload)
+    wanted = expected_outputs(network, x)
+    for mode in ("eval", "train"):
+        assert_close(results["Routed"][mode], wanted[mode], f"routed {mode}", 1e-9)
 
 
 def test_weights_round_trip_through_a_weights_only_file(tmp_path):

@@ -181,6 +181,32 @@ def test_the_builtin_operation_table_names_what_each_module_registers() -> None:
     assert {module: set(names) for module, names in BUILTIN_OPERATIONS.items()} == registered
 
 
+def test_the_life_of_an_operation_names_where_each_stage_lives() -> None:
+    """The plugin authors' guide in the operations package's docstring: every stage, and every
+    module and name it points to exists (so a move that forgets the guide fails here)."""
+    import importlib
+    import importlib.util
+
+    import einspace.ops
+
+    doc = einspace.ops.__doc__ or ""
+    assert "life of an operation" in doc
+    for stage in ("Shape rule", "Module", "Compilation", "Lowering", "Export", "Import"):
+        assert re.search(rf"^\d\. {stage}\.", doc, re.MULTILINE), stage
+    modules = set(re.findall(r"`(einspace(?:\.\w+)+)", doc))
+    assert {"einspace.network.compiler", "einspace.network.lowering", "einspace.network.importer"} <= modules
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, module
+    for name in re.findall(r"`(_\w+_modules|_modules)`", doc):
+        assert importlib.util.find_spec(f"einspace.ops.{name}") is not None, name
+    registry = importlib.import_module("einspace.ops.registry")
+    for name in ("Operation", "register_op", "torch_side", "BUILTIN_OPERATIONS"):
+        assert hasattr(registry, name), name
+    operation = registry.Operation
+    for attribute in ("infer", "build", "param_count", "flops", "exportable", "export_refusal"):
+        assert hasattr(operation, attribute), attribute
+
+
 def _run(code: str) -> str:
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT

@@ -32,7 +32,7 @@ from einspace import (
 from einspace.checker import CheckedTree
 from einspace.errors import VariationError
 from einspace.grammar.model import OpItem
-from einspace.network.lowering import Folded, Kernel, lowered_kernels
+from einspace.network.lowering import Attention, Folded, Kernel, lowered_kernels
 from einspace.ops import _modules
 from einspace.seeds import architectures as arch
 from einspace.seeds import list_seeds, load_seed
@@ -446,6 +446,21 @@ CASES = {
 def test_pattern_agrees_and_fires(name):
     tree, shape, kernels = CASES[name]
     assert assert_agree(check(tree, shape)) == Counter(kernels)
+
+
+@pytest.mark.parametrize(
+    "name", ["conv_norm_act", "conv_of_permuted_image", "attention", "attention_key_split", "heads_add"]
+)
+def test_fusion_does_not_depend_on_how_a_pattern_is_written(renamed_pattern_axes, name):
+    """With the axes of every einops pattern renamed, the same kernels fire and attention keeps its
+    one projection: lowering knows col2im and the key's transpose by their modules' types and
+    data (the fold, the order), not by comparing pattern strings."""
+    tree, shape, kernels = CASES[name]
+    lowered = compile_backbone(check(tree, shape))
+    assert lowered_kernels(lowered) == Counter(kernels)
+    attention = [m for m in lowered.modules() if isinstance(m, Attention)]
+    assert all(head.linears is not None for m in attention for head in m.heads)
+    assert not [m for m in lowered.modules() if type(m).__module__.startswith("einops")]
 
 
 def test_lowered_network_reads_like_the_literal_one():

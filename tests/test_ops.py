@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import einops
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,16 @@ from hypothesis import strategies as st
 from torch import nn
 
 from einspace.errors import EinspaceError, Infeasible, UnknownOperationError
-from einspace.ops import Group, Operation, canonical_args, get_op, list_ops, register_op, unregister_op
+from einspace.ops import (
+    Group,
+    Operation,
+    _modules,
+    canonical_args,
+    get_op,
+    list_ops,
+    register_op,
+    unregister_op,
+)
 from einspace.state import COL, IM, FeatureState, Signal
 
 torch.manual_seed(0)
@@ -246,6 +256,45 @@ def test_permute_matches_torch(order: tuple[int, ...]) -> None:
     y = run("permute", {"order": order}, (state,), x)
     assert torch.equal(y, x.permute(0, *order))
     assert get_op("permute").infer((state,), {"order": order})[0].shape == tuple(y.shape[1:])
+
+
+@pytest.mark.parametrize("order", [(1, 3, 2), (2, 3, 1), (2, 1), (1, 2)])
+def test_permute_builds_a_module_that_keeps_its_order(order: tuple[int, ...]) -> None:
+    """A routing module of its own, which lowering and export read by type and order: the view
+    einops' rearrange makes, strides included."""
+    shape = (2, 3, 4, 5)[: len(order)]
+    state = im(*shape) if len(order) == 3 else col(*shape)
+    module = get_op("permute").build((state,), {"order": order})
+    assert type(module) is _modules.Permute and module.order == order
+    assert module.swaps_last_two == (order in ((1, 3, 2), (2, 1)))
+    x = torch.randn(2, *shape)
+    axes = [f"a{i}" for i in range(1, len(order) + 1)]
+    pattern = f"b {' '.join(axes)} -> b {' '.join(axes[i - 1] for i in order)}"
+    expected = einops.rearrange(x, pattern)
+    assert torch.equal(module(x), expected) and module(x).stride() == expected.stride()
+
+
+def test_col2im_builds_a_module_that_keeps_its_fold() -> None:
+    module = get_op("col2im").build((col(12, 5, folds=((3, 4),)),), {})
+    assert type(module) is _modules.Col2Im and (module.h, module.w) == (3, 4)
+    x = torch.randn(2, 12, 5)
+    expected = einops.rearrange(x, "b (h w) d -> b d h w", h=3, w=4)
+    assert torch.equal(module(x), expected) and module(x).stride() == expected.stride()
+
+
+def test_every_builtin_operation_declares_whether_it_can_be_exported() -> None:
+    """`exportable` on the operation class decides export; the ones that cannot say why."""
+    from einspace.ops.registry import BUILTIN_OPERATIONS
+
+    refused = set()
+    for names in BUILTIN_OPERATIONS.values():
+        for name in names:
+            op = get_op(name)
+            assert type(op.exportable) is bool, name
+            if not op.exportable:
+                refused.add(name)
+                assert "plain PyTorch" in op.export_refusal, name
+    assert refused == {"dnarch_depth", "dnarch_kernel", "dnarch_resolution", "dnarch_width", "xd"}
 
 
 @pytest.mark.parametrize("dim", [1, 2, 3])

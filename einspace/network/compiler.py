@@ -6,13 +6,13 @@ import torch
 from torch import nn
 
 from einspace.checker import CheckedTree, check_tree
-from einspace.errors import EinspaceError
+from einspace.errors import BuildError, EinspaceError
 from einspace.grammar.model import Grammar
 from einspace.network.lowering import lower as lower_modules
-from einspace.network.memory import require_memory
-from einspace.ops.registry import get_op
+from einspace.network.memory import allocation_failed, require_memory
+from einspace.ops.registry import OperationFailed, get_op
 from einspace.state import FeatureState, Signal
-from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal, TreeVisitor
+from einspace.tree import Node, Nonterminal, Parallel, Path_, Repeat, Terminal, TreeVisitor, describe_path
 
 
 class Branches(nn.ModuleList):
@@ -62,6 +62,7 @@ class _Compiler(TreeVisitor[list[nn.Module]]):
 
     def __init__(self, checked: CheckedTree):
         self.facts = checked.facts
+        self.root = checked.tree
 
     def sequence(self, node: Node, path: Path_) -> nn.Module:
         modules = self.visit(node, path)
@@ -70,7 +71,17 @@ class _Compiler(TreeVisitor[list[nn.Module]]):
         return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
 
     def terminal(self, node: Terminal, path: Path_) -> list[nn.Module]:
-        module = get_op(node.op).build(self.facts[path].input, dict(node.args))
+        op = get_op(node.op)
+        try:
+            module = op.build(self.facts[path].input, dict(node.args))
+        except Exception as exc:  # noqa: BLE001 - any failure is told at its node
+            where = describe_path(self.root, path)
+            if allocation_failed(exc):  # kept as it is, for callers that treat memory apart
+                exc.add_note(f"while building operation {node.op!r} at node {where}")
+                raise
+            if isinstance(exc, EinspaceError):
+                raise BuildError(f"operation {node.op!r} failed in build: {exc}", where) from exc
+            raise BuildError(str(OperationFailed(op, "build", exc)), where) from exc
         return [] if isinstance(module, nn.Identity) else [module]
 
     def nonterminal(self, node: Nonterminal, path: Path_) -> list[nn.Module]:

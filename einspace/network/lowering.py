@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from einops.layers.torch import Rearrange
 from torch import nn
 
 from einspace.ops import _modules
@@ -45,11 +44,6 @@ __all__ = [
     "lower",
     "lowered_kernels",
 ]
-
-_COL2IM = "b (h w) d -> b d h w"
-#: The permutes that swap the last two axes (col order (2, 1), im order (1, 3, 2)): a key branch.
-_SWAPS = ("b a1 a2 -> b a2 a1", "b a1 a2 a3 -> b a1 a3 a2")
-
 
 class Folded(nn.Module):
     """A slot whose operation a neighbouring kernel performs: passes its input on, holds nothing."""
@@ -295,7 +289,8 @@ def _plain_linear(module: nn.Module) -> bool:
 
 
 def _swap(module: nn.Module) -> bool:
-    return isinstance(module, Rearrange) and module.pattern in _SWAPS
+    """A permute that swaps the last two axes (col order (2, 1), im order (1, 3, 2)): a key's transpose."""
+    return isinstance(module, _modules.Permute) and module.swaps_last_two
 
 
 def _parts(module: nn.Module) -> list[nn.Module]:
@@ -338,7 +333,7 @@ def _match_conv(modules: list[nn.Module], i: int) -> tuple[int, Kernel] | None:
     if not _plain_linear(linear):
         return None
     after = modules[i + 2] if i + 2 < len(modules) else None
-    fold = isinstance(after, Rearrange) and after.pattern == _COL2IM
+    fold = isinstance(after, _modules.Col2Im)
     return (3 if fold else 2), Conv(modules[i], linear, fold)
 
 
@@ -465,7 +460,5 @@ def lowered_kernels(module: nn.Module) -> Counter[str]:
 
 
 def _describe(module: nn.Module) -> str:
-    if isinstance(module, Rearrange):
-        return "col2im" if module.pattern == _COL2IM else f"rearrange {module.pattern}"
     extra = module.extra_repr()
     return type(module).__name__.lower() + (f"({extra})" if extra else "")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from einspace.errors import EinspaceError
 
-__all__ = ["LIMIT_VARIABLE", "format_bytes", "memory_limit", "require_memory"]
+__all__ = ["LIMIT_VARIABLE", "allocation_failed", "format_bytes", "memory_limit", "require_memory"]
 
 #: The environment variable that states a memory limit in GiB.
 LIMIT_VARIABLE = "EINSPACE_MEMORY_LIMIT_GB"
@@ -72,3 +72,12 @@ def require_memory(parts: Mapping[str, int], doing: str) -> None:
             f"{doing} would need about {need}, more than the {format_bytes(limit)} {source}; choose a "
             f"smaller tree (e.g. sample with --max-params), or set {LIMIT_VARIABLE} to state another limit"
         )
+
+
+def allocation_failed(exc: BaseException) -> bool:
+    """Whether an exception is an allocation failure (host or CUDA; torch's OutOfMemoryError says
+    "out of memory"), which callers such as the evaluators report apart from other failures."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or any(
+        words in text for words in ("out of memory", "can't allocate memory", "not enough memory")
+    )

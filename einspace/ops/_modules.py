@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from einops.layers.torch import Rearrange
 from torch import nn
 from torch.nn import BatchNorm2d, Identity, LayerNorm, LeakyReLU, Linear, Softmax
 
@@ -16,6 +15,7 @@ __all__ = [
     "BatchNorm2d",
     "ChannelLinear",
     "Clone",
+    "Col2Im",
     "Concat",
     "GroupDim",
     "Identity",
@@ -24,8 +24,8 @@ __all__ = [
     "LeakyReLU",
     "Linear",
     "MatMul",
+    "Permute",
     "PositionalEncoding",
-    "Rearrange",
     "Softmax",
 ]
 
@@ -124,6 +124,42 @@ class Im2Col(nn.Module):
 
     def extra_repr(self) -> str:
         return f"k={self.k}, s={self.s}, p={self.p}"
+
+
+class Col2Im(nn.Module):
+    """Tokens [B, h·w, D] back to an image [B, D, h, w] (the inverse of a 1×1 im2col's order of
+    positions): a view, no copy."""
+
+    def __init__(self, h: int, w: int):
+        super().__init__()
+        self.h, self.w = h, w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], self.h, self.w, x.shape[-1]).permute(0, 3, 1, 2)
+
+    def extra_repr(self) -> str:
+        return f"h={self.h}, w={self.w}"
+
+
+class Permute(nn.Module):
+    """Reorder the feature axes: output axis i is input axis `order[i - 1]`, axes counted from 1
+    after the batch axis (so `order` is also the tensor's own order after axis 0); a view."""
+
+    def __init__(self, order: tuple[int, ...]):
+        super().__init__()
+        self.order = tuple(order)
+
+    @property
+    def swaps_last_two(self) -> bool:
+        """Whether it transposes the last two axes and keeps the others (a key's transpose)."""
+        n = len(self.order)
+        return n >= 2 and self.order == (*range(1, n - 1), n, n - 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.permute(0, *self.order)
+
+    def extra_repr(self) -> str:
+        return f"order={self.order}"
 
 
 class ChannelLinear(nn.Linear):

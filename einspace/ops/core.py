@@ -85,6 +85,7 @@ class Clone(Operation):
     name = "clone"
     group = Group.BRANCHING
     arguments = (_B,)
+    exportable = True
 
     def infer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
         state = _single(self, signal)
@@ -102,6 +103,7 @@ class GroupDim(Operation):
     name = "group_dim"
     group = Group.BRANCHING
     arguments = (_DIM, _B)
+    exportable = True
 
     def infer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
         state = _single(self, signal)
@@ -136,6 +138,7 @@ class MatMul(Operation):
     name = "matmul"
     group = Group.AGGREGATION
     arguments = (Argument("scaled", bool, doc="multiply by 1/sqrt(inner size)"),)
+    exportable = True
 
     def infer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
         a, b = _branches(self, signal, 2)
@@ -164,6 +167,7 @@ class Add(Operation):
 
     name = "add"
     group = Group.AGGREGATION
+    exportable = True
 
     def infer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
         first, *rest = _branches(self, signal)
@@ -192,6 +196,7 @@ class Concat(Operation):
     name = "concat"
     group = Group.AGGREGATION
     arguments = (_DIM, _B)
+    exportable = True
 
     def infer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
         dim = args["dim"]
@@ -261,6 +266,7 @@ class Identity(UnaryOperation):
 
     name = "identity"
     group = Group.ROUTING
+    exportable = True
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         return _modules.Identity()
@@ -285,6 +291,7 @@ class Im2Col(UnaryOperation):
 
     name = "im2col"
     group = Group.ROUTING
+    exportable = True
     arguments = (
         Argument("k", int, _at_least(1), "kernel size"),
         Argument("s", int, _at_least(1), "stride"),
@@ -309,6 +316,7 @@ class Col2Im(UnaryOperation):
 
     name = "col2im"
     group = Group.ROUTING
+    exportable = True
 
     def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
         if state.mode != COL:
@@ -325,7 +333,7 @@ class Col2Im(UnaryOperation):
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         h, w = state.folds[-1]
-        return _modules.Rearrange("b (h w) d -> b d h w", h=h, w=w)
+        return _modules.Col2Im(h, w)
 
     def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
         return (IM, 1) if b == 1 and mode == COL else None
@@ -338,6 +346,7 @@ class Permute(UnaryOperation):
     name = "permute"
     group = Group.ROUTING
     arguments = (Argument("order", tuple, _permutation, "feature axes (from 1) in their new order"),)
+    exportable = True
 
     def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
         order = args["order"]
@@ -348,9 +357,7 @@ class Permute(UnaryOperation):
         return state._replace(shape=tuple(state.shape[i - 1] for i in order))
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
-        axes = [f"a{i}" for i in range(1, len(state.shape) + 1)]
-        target = " ".join(axes[i - 1] for i in args["order"])
-        return _modules.Rearrange(f"b {' '.join(axes)} -> b {target}")
+        return _modules.Permute(args["order"])
 
     def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
         return (mode, 1) if b == 1 and len(args["order"]) == RANK_OF_MODE[mode] else None
@@ -378,6 +385,7 @@ class Linear(UnaryOperation):
     name = "linear"
     group = Group.COMPUTATION
     arguments = (Argument("d", int, _at_least(1), "output features"),)
+    exportable = True
 
     def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
         d = args["d"]
@@ -405,6 +413,7 @@ class Norm(UnaryOperation):
 
     name = "norm"
     group = Group.COMPUTATION
+    exportable = True
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         return (_modules.LayerNorm if state.mode == COL else _modules.BatchNorm2d)(_features(state))
@@ -422,6 +431,7 @@ class LeakyReLU(UnaryOperation):
 
     name = "leaky_relu"
     group = Group.COMPUTATION
+    exportable = True
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         return _modules.LeakyReLU(0.01)
@@ -436,6 +446,7 @@ class Softmax(UnaryOperation):
 
     name = "softmax"
     group = Group.COMPUTATION
+    exportable = True
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         return _modules.Softmax(dim=-1)
@@ -450,6 +461,7 @@ class PosEnc(UnaryOperation):
 
     name = "pos_enc"
     group = Group.COMPUTATION
+    exportable = True
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
         return _modules.PositionalEncoding(state.shape)

@@ -140,6 +140,12 @@ def _fits(op: UnaryOperation, state: FeatureState, k: int) -> tuple[int, tuple[i
 
 _D = Argument("d", int, _positive, "output features")
 
+#: Why export refuses every DNArch terminal.
+_NOT_EXPORTED = (
+    "DNArch terminals learn their size through masks while training (mask parameters, a clamp after "
+    "every step, a network loss), which plain PyTorch layers do not express"
+)
+
 
 @register_op
 class DNArchKernel(UnaryOperation):
@@ -152,6 +158,7 @@ class DNArchKernel(UnaryOperation):
 
     name = "dnarch_kernel"
     group = Group.COMPUTATION
+    export_refusal = _NOT_EXPORTED
     arguments = (Argument("k", int, _odd(3), "largest kernel size (odd)"), _D)
 
     def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
@@ -184,6 +191,7 @@ class DNArchWidth(UnaryOperation):
 
     name = "dnarch_width"
     group = Group.COMPUTATION
+    export_refusal = _NOT_EXPORTED
     arguments = (_D,)
 
     def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
@@ -218,6 +226,7 @@ class DNArchResolution(UnaryOperation):
 
     name = "dnarch_resolution"
     group = Group.COMPUTATION
+    export_refusal = _NOT_EXPORTED
 
     def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
         if min(_split(state)[1]) < 2:
@@ -247,6 +256,7 @@ class DNArchDepth(UnaryOperation):
 
     name = "dnarch_depth"
     group = Group.COMPUTATION
+    export_refusal = _NOT_EXPORTED
     arguments = (
         Argument("blocks", int, _positive, "largest number of residual blocks"),
         Argument("k", int, _odd(1), "kernel size of each block's convolution (odd)"),

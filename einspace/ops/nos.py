@@ -118,6 +118,7 @@ class _Calibrating:
 
     name: str
     generator: GeneratorKind
+    exportable = True  # export writes the calibrations as small helper classes
 
     def _check(self, f: FeatureState, g: FeatureState) -> None:
         """Infeasible unless both are images, the reduced width is >= 1 and the shapes meet."""

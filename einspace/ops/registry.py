@@ -65,6 +65,12 @@ class Operation:
     #: where several branches are in flight. One whose module takes and returns the list of
     #: branches sets this, and its `infer` then sees every branch.
     takes_branches: ClassVar[bool] = False
+    #: Whether einspace.network.export can write what `build` returns as plain PyTorch. Export
+    #: writes modules by their type and knows those of einspace's own operations (and torch's
+    #: nn.Linear, norms, nn.LeakyReLU, nn.Softmax and nn.Identity), so an operation whose modules
+    #: are among them sets this; any other is refused by name, with `export_refusal` if it says why.
+    exportable: ClassVar[bool] = False
+    export_refusal: ClassVar[str] = ""
 
     def transfer(self, signal: Signal, args: Mapping[str, Any]) -> Signal:
         """What the sampler and checker call: the branch count the group needs (one for
@@ -120,15 +126,19 @@ class OperationFailed(EinspaceError):
     def __init__(self, op: Operation, method: str, exc: Exception):
         from einspace.plugins import where_failed
 
-        cls = type(op)
-        try:
-            source = inspect.getsourcefile(cls)
-            defined = f"{source}:{inspect.getsourcelines(cls)[1]}"
-        except (OSError, TypeError):
-            source, defined = None, cls.__module__
+        source, defined = defined_at(type(op))
         super().__init__(
             f"operation {op.name!r} (defined at {defined}) failed in {method}: {where_failed(exc, source)}"
         )
+
+
+def defined_at(cls: type) -> tuple[str | None, str]:
+    """(the source file, `file:line`) of an operation class; (None, its module) without source."""
+    try:
+        source = inspect.getsourcefile(cls)
+        return source, f"{source}:{inspect.getsourcelines(cls)[1]}"
+    except (OSError, TypeError):
+        return None, cls.__module__
 
 
 #: The built-in operations by the module that registers them. A look-up imports only the module of

@@ -19,9 +19,10 @@ and renders the source.
 
 Exported tensors are the compiled network's own, reshaped where a layer stores them differently
 (a conv weight [d, C·k·k] as [d, C, k, k]), so the exported module computes what the compiled one
-does with the same weights. NOS calibrations are written as small helper classes; DNArch and XD
-terminals (masks and butterflies learnt while training) and plugin operations are refused with
-the operation named.
+does with the same weights. NOS calibrations are written as small helper classes. What may be
+exported each operation declares (`Operation.exportable`): DNArch and XD terminals (masks and
+butterflies learnt while training), and plugin operations that do not declare it, are refused
+with the operation named.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from einspace.network.compiler import Network, compile_network
 from einspace.network.export.classes import classes_of, render_class, state_of
 from einspace.network.export.parts import HELPERS
 from einspace.network.export.writer import Writer
-from einspace.ops.registry import get_op
+from einspace.ops.registry import Operation, defined_at, get_op
 from einspace.outputs import write_output
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Terminal, content_hash, describe_path, walk
@@ -58,15 +59,6 @@ __all__ = [
     "save_weights",
 ]
 
-#: Why the operations of a module of einspace.ops are not exported; modules not named here are.
-_REFUSED = {
-    "einspace.ops.dnarch": "DNArch terminals learn their size through masks while training (mask "
-    "parameters, a clamp after every step, a network loss), which plain PyTorch layers do not express",
-    "einspace.ops.xd": "XD-operations learn their Fourier basis (butterfly K-matrices) while training, "
-    "which plain PyTorch layers do not express",
-}
-_EXPORTED = ("einspace.ops.core", "einspace.ops.nos")
-
 
 @dataclass(frozen=True)
 class Export:
@@ -77,18 +69,27 @@ class Export:
 
 
 def check_exportable(tree: CheckedTree) -> None:
-    """Raise EinspaceError naming the first operation that has no plain-PyTorch form here."""
+    """Raise EinspaceError naming the first operation that does not declare itself exportable
+    (`Operation.exportable`), with the reason it gives (`export_refusal`)."""
     for path, node in walk(tree.tree):
         if not isinstance(node, Terminal):
             continue
-        module = type(get_op(node.op)).__module__
-        if module in _EXPORTED:
+        op = get_op(node.op)
+        if op.exportable:
             continue
-        reason = _REFUSED.get(
-            module, "only einspace's own operations are exported, and it comes from a plugin"
-        )
+        reason = op.export_refusal or _undeclared(op)
         where = describe_path(tree.tree, path)
         raise EinspaceError(f"export of {node.op} is not supported: {reason} (node {where})")
+
+
+def _undeclared(op: Operation) -> str:
+    _, defined = defined_at(type(op))
+    return (
+        f"its class {type(op).__name__} (defined at {defined}) does not declare `exportable = True`, "
+        "which an operation may when its `build` returns modules export knows (those of einspace's "
+        "own operations, and torch's nn.Linear, nn.BatchNorm2d, nn.LayerNorm, nn.LeakyReLU, nn.Softmax "
+        "and nn.Identity)"
+    )
 
 
 def export_tree(

@@ -7,7 +7,6 @@ import re
 from collections.abc import Callable
 
 import torch
-from einops.layers.torch import Rearrange
 from torch import nn
 
 from einspace.errors import EinspaceError
@@ -30,12 +29,6 @@ def _conv_slots(c: int, d: int, k: int = 1, s: int = 1, p: int = 0) -> tuple[tup
 
 def _linear_slots(n_in: int, n_out: int) -> tuple[tuple[str, int], ...]:
     return (("in_features", n_in), ("out_features", n_out))
-
-
-def _permutation(pattern: str) -> list[int]:
-    """Tensor axes (batch = 0) in their new order, from a permute's einops pattern."""
-    left, right = (side.split() for side in pattern.split("->"))
-    return [left.index(axis) for axis in right]
 
 
 class Writer:
@@ -62,7 +55,10 @@ class Writer:
             return self.sequence(scope, list(module), x, out)
         handler = _HANDLERS.get(type(module))
         if handler is None:
-            raise EinspaceError(f"export cannot write a {type(module).__name__} module as plain PyTorch")
+            raise EinspaceError(
+                f"export cannot write a {type(module).__name__} module as plain PyTorch (an operation "
+                "that declares `exportable = True` must build modules export knows)"
+            )
         return handler(self, scope, module, x, out)
 
     def sequence(self, scope: Instance, modules: list[nn.Module], x: str, out: str) -> str:
@@ -294,12 +290,13 @@ def _im2col(writer: Writer, scope: Instance, module: _modules.Im2Col, x: str, ou
     return out
 
 
-def _rearrange(writer: Writer, scope: Instance, module: Rearrange, x: str, out: str) -> str:
-    if module.pattern == "b (h w) d -> b d h w":  # col2im
-        h, w = module.axes_lengths["h"], module.axes_lengths["w"]
-        scope.line(f"{out} = {x}.transpose(1, 2).unflatten(2, ({h}, {w}))")
-        return out
-    order = _permutation(module.pattern)
+def _col2im(writer: Writer, scope: Instance, module: _modules.Col2Im, x: str, out: str) -> str:
+    scope.line(f"{out} = {x}.transpose(1, 2).unflatten(2, ({module.h}, {module.w}))")
+    return out
+
+
+def _permute(writer: Writer, scope: Instance, module: _modules.Permute, x: str, out: str) -> str:
+    order = [0, *module.order]  # tensor axes, batch first
     moved = [i for i, axis in enumerate(order) if axis != i]
     if len(moved) == 2:
         scope.line(f"{out} = {x}.transpose({moved[0]}, {moved[1]})")
@@ -330,7 +327,8 @@ _HANDLERS: dict[type, _Handler] = {
     nn.Softmax: _softmax,
     _modules.PositionalEncoding: _positional,
     _modules.Im2Col: _im2col,
-    Rearrange: _rearrange,
+    _modules.Col2Im: _col2im,
+    _modules.Permute: _permute,
     Calibration: _unary_calibration,
 }
 
