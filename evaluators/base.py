@@ -99,6 +99,17 @@ class Continuation:
 
 
 @dataclass(frozen=True)
+class Inheritance:
+    """Weight inheritance in evolution (`einspace.evaluators.inheritance`): the child starts from
+    the weights in `parent` (a file a parent's run saved; None, or a file that is not there: fresh
+    initialisation) wherever the variation left the parent's derivation unchanged, and saves its
+    own trained weights to `save` (None: nowhere) for children of its own."""
+
+    parent: str | None = None
+    save: str | None = None
+
+
+@dataclass(frozen=True)
 class Task:
     """One evaluation to run: all plain data, so it can be sent to another process or node."""
 
@@ -111,15 +122,22 @@ class Task:
     random_seed: int = 0
     fidelity: int | None = None  # the evaluator's `fidelity_setting` for this run (None: its own)
     continuation: Continuation | None = None  # only for evaluators that `continues`
+    inheritance: Inheritance | None = None  # only for evaluators that `inherits`
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Task:
-        c = data.get("continuation")
-        continuation = Continuation(**c) if c is not None else None
-        return Task(**{**data, "input_shape": tuple(data["input_shape"]), "continuation": continuation})
+        c, i = data.get("continuation"), data.get("inheritance")
+        return Task(
+            **{
+                **data,
+                "input_shape": tuple(data["input_shape"]),
+                "continuation": Continuation(**c) if c is not None else None,
+                "inheritance": Inheritance(**i) if i is not None else None,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,8 @@ class Evaluator(ABC):
     #: Whether `evaluate_continued` can train on from a saved state (`Continuation`), so that
     #: multi-fidelity search promotes without training again from scratch.
     continues: ClassVar[bool] = False
+    #: Whether `evaluate_continued` can start a child from its parent's weights (`Inheritance`).
+    inherits: ClassVar[bool] = False
 
     def full_fidelity(self) -> int | None:
         """The value of `fidelity_setting` in this evaluator's settings: the top fidelity."""
@@ -183,11 +203,18 @@ class Evaluator(ABC):
         (`checked.input[0]`), so it needs no checking again."""
 
     def evaluate_continued(
-        self, checked: CheckedTree, random_seed: int, continuation: Continuation
+        self,
+        checked: CheckedTree,
+        random_seed: int,
+        continuation: Continuation | None,
+        inheritance: Inheritance | None = None,
     ) -> dict[str, float]:
-        """`evaluate`, starting from `continuation.load` and saving to `continuation.save`;
-        evaluators that set `continues` implement it."""
-        raise EinspaceError(f"evaluator {self.name!r} cannot continue training from a saved state")
+        """`evaluate`, going on from a saved state (`continuation`: evaluators that set
+        `continues`) or starting from a parent's weights (`inheritance`: evaluators that set
+        `inherits`), and saving what they ask for."""
+        raise EinspaceError(
+            f"evaluator {self.name!r} cannot continue training from a saved state or inherit weights"
+        )
 
 
 #: Every evaluator class by name. The built-in ones register as their modules are imported, on
@@ -250,10 +277,12 @@ def run_task(task: Task) -> Result:
         state = input_state(task.input_shape, task.mode)
         checked = check_tree(parse_tree(task.tree), grammar, state)
         evaluator = get_evaluator(task.evaluator, task_settings(task))
-        if task.continuation is None:
+        if task.continuation is None and task.inheritance is None:
             metrics = evaluator.evaluate(checked, task.random_seed)
         else:
-            metrics = evaluator.evaluate_continued(checked, task.random_seed, task.continuation)
+            metrics = evaluator.evaluate_continued(
+                checked, task.random_seed, task.continuation, task.inheritance
+            )
         fitness = float(metrics["fitness"])
     except EvaluationFailed as exc:
         return meter.failure(str(exc), exc.progress)

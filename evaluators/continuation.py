@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from einspace.evaluators.base import Continuation
     from einspace.evaluators.optim import Optimizers
 
-__all__ = ["Resumption", "TrainedState", "read_state", "write_state"]
+__all__ = ["Resumption", "TrainedState", "read_state", "save_atomically", "write_state"]
 
 
 @dataclass
@@ -59,12 +59,17 @@ def read_state(path: str | None, tree: str, before: int) -> TrainedState | None:
 
 
 def write_state(path: str, state: TrainedState) -> bool:
-    """Write `state` to `path` atomically (a reader never sees half a file); whether it worked."""
+    """Write `state` to `path` atomically; whether it worked."""
+    return save_atomically(dict(vars(state)), path)
+
+
+def save_atomically(content: dict[str, Any], path: str) -> bool:
+    """`torch.save` to `path` atomically (a reader never sees half a file); whether it worked."""
     target = Path(path)
     partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(dict(vars(state)), partial)
+        torch.save(content, partial)
         os.replace(partial, target)
     except (OSError, RuntimeError):  # torch.save reports a missing folder as a RuntimeError
         with contextlib.suppress(OSError):

@@ -38,17 +38,26 @@ from torch import nn
 
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError
-from einspace.evaluators._runtime import STEP_MODES, Runtime, autocast_dtype, out_of_memory, resolve_device
+from einspace.evaluators._runtime import STEP_MODES, Runtime, out_of_memory
 from einspace.evaluators._settings import require, settings_from
 from einspace.evaluators.auxiliary import AuxiliaryObjective, check_auxiliary_settings
-from einspace.evaluators.base import Continuation, EvaluationFailed, Evaluator, register_evaluator
+from einspace.evaluators.base import (
+    Continuation,
+    EvaluationFailed,
+    Evaluator,
+    Inheritance,
+    register_evaluator,
+)
 from einspace.evaluators.budgets import Budget, activation_bytes, budget_violation
 from einspace.evaluators.continuation import Resumption
 from einspace.evaluators.datasets import Dataset, load_dataset
+from einspace.evaluators.inheritance import Lineage
 from einspace.evaluators.objectives import Objective, objective_for
-from einspace.evaluators.optim import build_optimizer, check_param_groups
-from einspace.evaluators.time_model import Forecast, Workload, calibrated
+from einspace.evaluators.optim import Optimizers, build_optimizer, check_param_groups
+from einspace.evaluators.time_budget import Laps, Progress, Projection, forecast_run
+from einspace.evaluators.time_model import Forecast
 from einspace.grammar.model import Grammar
+from einspace.network.compiler import lower_network
 from einspace.network.memory import require_memory
 from einspace.ops.trainable import architecture_metrics, constrain_architecture
 from einspace.state import FeatureState
@@ -96,6 +105,9 @@ class TrainingSettings:
     eval_batch_size: int = 1024
     lower: bool = True  # compile recognised patterns to fast kernels (einspace.network.lowering)
     step_mode: str = "eager"  # eager | cuda_graphs | compile | compile_cuda_graphs (evaluators._runtime)
+    # evolution: a child starts from its parent's trained weights where the variation left the
+    # parent unchanged (einspace.evaluators.inheritance; the search keeps the parents' weights)
+    inherit_weights: bool = False
 
     def __post_init__(self) -> None:
         require(
@@ -125,6 +137,10 @@ class TrainingSettings:
         require(self.label_smoothing < 1, "setting label_smoothing must be below 1")
         require(
             self.channels_last in ("auto", True, False), "setting channels_last must be auto, true or false"
+        )
+        require(
+            isinstance(self.inherit_weights, bool),
+            f"setting inherit_weights must be true or false, got {self.inherit_weights!r}",
         )
         require(self.step_mode in STEP_MODES, f"setting step_mode must be one of {', '.join(STEP_MODES)}")
         require(
@@ -190,132 +206,134 @@ def _check_input(dataset: Dataset, input: FeatureState) -> None:
         )
 
 
-class _Laps:
-    """Wall time of the consecutive phases of a run, as `time/<phase>` metrics: where the fixed
-    cost of an evaluation goes (device start, building, data, autotuning in the first step)."""
+@dataclass
+class _Model:
+    """A network built for training, with what trains it and what it was built from."""
 
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-        self.mark = time.perf_counter()
-
-    def __call__(self, phase: str) -> None:
-        """The phase `phase` ends now (and the next begins)."""
-        now = time.perf_counter()
-        self.times[f"time/{phase}"] = now - self.mark
-        self.mark = now
+    network: nn.Module
+    optimizers: Optimizers
+    auxiliary: AuxiliaryObjective
+    constrained: bool  # some module constrains its parameters after each step
+    lineage: Lineage | None
+    metrics: dict[str, float]  # size, and what was inherited
 
 
-#: Steps after the first (which includes lazy initialisation and autotuning) that time the
-#: projection of a run under a time budget.
-PROJECTION_STEPS = 3
-#: Without a calibrated time model, a forward pass is taken as a third of a training step per
-#: example (the backward pass costs about twice the forward).
-_FORWARD_SHARE = 1 / 3
-
-
-def _forecast(
+def _build(
     checked: CheckedTree,
-    settings: TrainingSettings,
     objective: Objective,
-    examples: int,
-    eval_examples: int,
-    epochs: int | None = None,
-) -> Forecast | None:
-    """The predicted time of a run of `epochs` (default: the settings') under a time budget
-    (None: no budget, or no calibration on this device). Refuses, before anything is built, a
-    tree predicted to take more than `predicted_time_margin` times the budget."""
-    if settings.max_seconds is None:
-        return None
-    device = resolve_device(settings.device)
-    model = calibrated(device, autocast_dtype(device, settings.amp), settings.threads)
-    if model is None:
-        return None
-    workload = Workload.of(checked, objective.budget_classes)
-    forecast = model.forecast(
-        workload,
-        settings.epochs if epochs is None else epochs,
-        examples,
-        settings.batch_size,
-        eval_examples,
-        settings.eval_batch_size,
+    settings: TrainingSettings,
+    runtime: Runtime,
+    schedule: tuple[int, int],
+    shuffle: torch.Generator,
+    resumption: Resumption | None,
+    inheritance: Inheritance | None,
+) -> _Model:
+    """Build the network (inheriting before it is lowered), its optimisers on a schedule of
+    (steps per epoch, epochs), and restore a saved state to go on from."""
+    network = objective.build(checked, lower=settings.lower and inheritance is None)
+    lineage, metrics = None, {}
+    if inheritance is not None:  # inherit into the literal modules, then lower
+        lineage = Lineage(inheritance, checked, network)
+        metrics = lineage.inherit()
+        if settings.lower:
+            lower_network(lineage.network)
+    metrics["params"] = float(sum(p.numel() for p in network.parameters()))
+    network = runtime.prepare_model(network)
+    optimizers = build_optimizer(
+        network,
+        lr=settings.lr,
+        momentum=settings.momentum,
+        weight_decay=settings.weight_decay,
+        nesterov=settings.nesterov,
+        schedule=settings.schedule,
+        milestones=settings.milestones,
+        gamma=settings.gamma,
+        steps_per_epoch=schedule[0],
+        epochs=schedule[1],
+        overrides=settings.param_groups,
     )
-    limit = settings.predicted_time_margin * settings.max_seconds
-    if forecast.seconds > limit:
-        raise EvaluationFailed(
-            f"predicted {forecast} exceeds the time budget of {settings.max_seconds:g} s "
-            f"(refused beyond {settings.predicted_time_margin:g}x the budget)",
-            {"epochs": 0.0, "steps": 0.0, "gpu_seconds": 0.0},
-        )
-    return forecast
+    if resumption is not None:
+        resumption.restore(network, optimizers, shuffle)
+    auxiliary = AuxiliaryObjective(network, checked, settings.auxiliary_losses)
+    constrained = any(callable(getattr(m, "constrain_architecture", None)) for m in network.modules())
+    return _Model(network, optimizers, auxiliary, constrained, lineage, metrics)
 
 
-class _Progress:
-    """How far training got, as the progress metrics `run_task` turns into a Cost: epochs
-    (fractional), optimiser steps, and seconds of training and scoring on a CUDA device."""
+@dataclass
+class _Epochs:
+    """What the training epochs leave: the last epoch's loss, metric and auxiliary terms, and
+    whether the time budget stopped them (`partial`)."""
 
-    def __init__(self, steps_per_epoch: int, cuda: bool):
-        self.steps_per_epoch, self.cuda = steps_per_epoch, cuda
-        self.steps = 0
-        self.device_started: float | None = None
-        self.device_ended: float | None = None
-
-    def metrics(self) -> dict[str, float]:
-        gpu = 0.0
-        if self.cuda and self.device_started is not None:
-            gpu = (self.device_ended or time.perf_counter()) - self.device_started
-        return {"epochs": self.steps / self.steps_per_epoch, "steps": float(self.steps), "gpu_seconds": gpu}
+    loss: float = 0.0
+    metric: float = 0.0
+    auxiliary: dict[str, float] = field(default_factory=dict)
+    partial: bool = False
+    applied: bool = False  # the step mode applied (not eager)
 
 
-class _Projection:
-    """The `max_seconds` budget during training: after the first step and PROJECTION_STEPS more,
-    the whole run is projected from their measured time and stopped if the projection exceeds
-    the budget. Later it only says when the budget has run out."""
-
-    def __init__(
-        self,
-        settings: TrainingSettings,
-        started: float,
-        total_steps: int,
-        eval_examples: int,
-        forecast: Forecast | None,
-    ):
-        self.limit, self.started = settings.max_seconds, started
-        self.total_steps, self.forecast = total_steps, forecast
-        self.eval_examples, self.batch_size = eval_examples, settings.batch_size
-        self.after_first: float | None = None
-
-    def exhausted(self) -> bool:
-        return self.limit is not None and time.perf_counter() - self.started > self.limit
-
-    def validation_seconds(self, step_seconds: float) -> float:
-        """Validation time, from the forecast scaled by how far the measured step is off its
-        prediction, or without a forecast from the step time itself."""
-        if self.forecast is not None and self.forecast.step_seconds > 0:
-            return self.forecast.validation_seconds * step_seconds / self.forecast.step_seconds
-        return self.eval_examples / self.batch_size * step_seconds * _FORWARD_SHARE
-
-    def check(self, progress: _Progress, runtime: Runtime) -> None:
-        """Called after every step; raises EvaluationFailed when the projection exceeds the budget."""
-        if self.limit is None or self.total_steps <= 1 + PROJECTION_STEPS:
-            return
-        if progress.steps == 1:
-            self.after_first = time.perf_counter()  # the caller synchronised after the first step
-        if progress.steps != 1 + PROJECTION_STEPS or self.after_first is None:
-            return
-        runtime.synchronize()
-        now = time.perf_counter()
-        step = (now - self.after_first) / PROJECTION_STEPS
-        remaining = (self.total_steps - progress.steps) * step
-        validation = self.validation_seconds(step)
-        projected = now - self.started + remaining + validation
-        if projected > self.limit:
-            raise EvaluationFailed(
-                f"projected {projected:.3g} s of training exceeds the time budget of {self.limit:g} s: "
-                f"{now - self.started:.3g} s for the first {progress.steps} steps, then "
-                f"{self.total_steps - progress.steps} steps x {step:.3g} s/step (measured over "
-                f"{PROJECTION_STEPS}) + {validation:.3g} s validation",
-                progress.metrics(),
-            )
+def _train_epochs(
+    built: _Model,
+    objective: Objective,
+    data: tuple[torch.Tensor, torch.Tensor],
+    settings: TrainingSettings,
+    runtime: Runtime,
+    epochs: range,
+    shuffle: torch.Generator,
+    progress: Progress,
+    budget: Projection,
+    laps: Laps,
+) -> _Epochs:
+    """Train `built` for `epochs`, checking the loss, the projection and the time budget."""
+    model, optimizers, auxiliary = built.network, built.optimizers, built.auxiliary
+    train_x, train_y = data
+    n, steps_per_epoch = len(train_y), progress.steps_per_epoch
+    check_every = 1 if runtime.device.type == "cpu" else 25  # each check syncs a GPU
+    done = _Epochs()
+    model.train()
+    forward, done.applied = _step_forward(model, runtime, settings, auxiliary, built.constrained, train_x)
+    laps("capture")
+    for epoch in epochs:
+        model.train()
+        order = torch.randperm(n, generator=shuffle)
+        loss_sum = torch.zeros((), device=runtime.device)
+        metric_sum = torch.zeros((), device=runtime.device)
+        seen = 0
+        for step in range(steps_per_epoch):
+            index = order[step * settings.batch_size : (step + 1) * settings.batch_size]
+            x, y = runtime.batch(train_x, train_y, index)
+            with runtime.autocast():
+                output = forward(x).float()
+                loss = objective.loss(output, y)
+                extra = auxiliary()
+            optimizers.zero_grad()
+            runtime.backward(loss if extra is None else loss + extra, optimizers)
+            optimizers.schedule_step()
+            if built.constrained:
+                constrain_architecture(model)
+            loss_sum += loss.detach() * len(y)
+            metric_sum += objective.metric_sum(output.detach(), y)
+            progress.steps += 1
+            seen += len(y)
+            done.partial = budget.exhausted()
+            if (step + 1) % check_every == 0 or step + 1 == steps_per_epoch or done.partial:
+                value = float(loss_sum)
+                if not math.isfinite(value):
+                    raise EvaluationFailed(
+                        f"the training loss became {value} in epoch {epoch + 1}, step {step + 1} "
+                        f"(learning rate {settings.lr} too high for this network, or it is unstable)",
+                        progress.metrics(),
+                    )
+            if progress.steps == 1:
+                runtime.synchronize()
+                laps("first_step")  # lazy initialisation, cuDNN autotuning, compilation
+            budget.check(progress, runtime)
+            if done.partial:
+                break
+        done.loss, done.metric = float(loss_sum) / seen, float(metric_sum) / seen
+        done.auxiliary = auxiliary.epoch_metrics()
+        if done.partial:
+            break
+    return done
 
 
 def _train(
@@ -328,14 +346,16 @@ def _train(
     data_keys: tuple[Hashable | None, Hashable | None] = (None, None),
     forecast: Forecast | None = None,
     resumption: Resumption | None = None,
+    inheritance: Inheritance | None = None,
 ) -> dict[str, float]:
     """Build, train and score one network: eval_loss and eval_metric on `evaluation`, the
     training loss and metric of the last epoch, size, time per phase and progress (`partial`
     1.0 when the time budget stopped training). `data_keys` name the train and evaluation arrays
     for the device's data cache (None: not cached); `forecast` is the run's predicted time;
-    `resumption` continues a saved run (the epochs after its own, on its schedule) and saves this one."""
+    `resumption` continues a saved run (the epochs after its own, on its schedule) and saves this
+    one; `inheritance` starts from a parent's weights and saves this run's for its children."""
     started = time.perf_counter()
-    laps = _Laps()
+    laps = Laps()
     runtime = Runtime(settings.device, settings.amp, settings.channels_last, settings.deterministic)
     laps("device")
     threads = torch.get_num_threads()
@@ -343,100 +363,48 @@ def _train(
         torch.set_num_threads(settings.threads)
     torch.manual_seed(random_seed)
     shuffle = torch.Generator().manual_seed(random_seed)
-    n = len(train[1])
-    steps_per_epoch = math.ceil(n / settings.batch_size)
-    progress = _Progress(steps_per_epoch, runtime.device.type == "cuda")
+    steps_per_epoch = math.ceil(len(train[1]) / settings.batch_size)
+    progress = Progress(steps_per_epoch, runtime.device.type == "cuda")
     start = resumption.start if resumption is not None else 0
     horizon = resumption.horizon if resumption is not None else settings.epochs
-    budget = _Projection(
+    budget = Projection(
         settings, started, (settings.epochs - start) * steps_per_epoch, len(evaluation[1]), forecast
     )
-    partial = False
     if runtime.device.type == "cpu":  # on a GPU, its own out-of-memory error says it
         _require_training_memory(checked, settings.batch_size)
     try:
-        model = objective.build(checked, settings.lower)
-        params = sum(p.numel() for p in model.parameters())
-        model = runtime.prepare_model(model)
-        optimizers = build_optimizer(
-            model,
-            lr=settings.lr,
-            momentum=settings.momentum,
-            weight_decay=settings.weight_decay,
-            nesterov=settings.nesterov,
-            schedule=settings.schedule,
-            milestones=settings.milestones,
-            gamma=settings.gamma,
-            steps_per_epoch=steps_per_epoch,
-            epochs=horizon,
-            overrides=settings.param_groups,
+        built = _build(
+            checked,
+            objective,
+            settings,
+            runtime,
+            (steps_per_epoch, horizon),
+            shuffle,
+            resumption,
+            inheritance,
         )
-        if resumption is not None:
-            resumption.restore(model, optimizers, shuffle)
-        auxiliary = AuxiliaryObjective(model, checked, settings.auxiliary_losses)
-        constrained = any(callable(getattr(m, "constrain_architecture", None)) for m in model.modules())
+        model = built.network
         laps("build")
-        train_x, train_y = runtime.data(*train, key=data_keys[0])
+        train_data = runtime.data(*train, key=data_keys[0])
         eval_x, eval_y = runtime.data(*evaluation, key=data_keys[1])
         laps("data")
-        check_every = 1 if runtime.device.type == "cpu" else 25  # each check syncs a GPU
-        train_loss = train_metric = 0.0
-        auxiliary_terms: dict[str, float] = {}
         progress.device_started = time.perf_counter()
-        model.train()
-        forward, applied = _step_forward(model, runtime, settings, auxiliary, constrained, train_x)
-        laps("capture")
-        for epoch in range(start, settings.epochs):
-            model.train()
-            order = torch.randperm(n, generator=shuffle)
-            loss_sum = torch.zeros((), device=runtime.device)
-            metric_sum = torch.zeros((), device=runtime.device)
-            seen = 0
-            for step in range(steps_per_epoch):
-                index = order[step * settings.batch_size : (step + 1) * settings.batch_size]
-                x, y = runtime.batch(train_x, train_y, index)
-                with runtime.autocast():
-                    output = forward(x).float()
-                    loss = objective.loss(output, y)
-                    extra = auxiliary()
-                optimizers.zero_grad()
-                runtime.backward(loss if extra is None else loss + extra, optimizers)
-                optimizers.schedule_step()
-                if constrained:
-                    constrain_architecture(model)
-                loss_sum += loss.detach() * len(y)
-                metric_sum += objective.metric_sum(output.detach(), y)
-                progress.steps += 1
-                seen += len(y)
-                partial = budget.exhausted()
-                if (step + 1) % check_every == 0 or step + 1 == steps_per_epoch or partial:
-                    value = float(loss_sum)
-                    if not math.isfinite(value):
-                        raise EvaluationFailed(
-                            f"the training loss became {value} in epoch {epoch + 1}, step {step + 1} "
-                            f"(learning rate {settings.lr} too high for this network, or it is unstable)",
-                            progress.metrics(),
-                        )
-                if epoch == step == 0:
-                    runtime.synchronize()
-                    laps("first_step")  # lazy initialisation, cuDNN autotuning, compilation
-                budget.check(progress, runtime)
-                if partial:
-                    break
-            train_loss, train_metric = float(loss_sum) / seen, float(metric_sum) / seen
-            auxiliary_terms = auxiliary.epoch_metrics()
-            if partial:
-                break
+        epochs = range(start, settings.epochs)
+        done = _train_epochs(
+            built, objective, train_data, settings, runtime, epochs, shuffle, progress, budget, laps
+        )
         laps("steps")
         eval_loss, eval_metric = _score(model, objective, eval_x, eval_y, settings.eval_batch_size, runtime)
         laps("validation")
         progress.device_ended = time.perf_counter()
-        extras = {**auxiliary_terms, **auxiliary.final_metrics(), **architecture_metrics(model)}
-        if resumption is not None and not partial:
+        extras = {**done.auxiliary, **built.auxiliary.final_metrics(), **architecture_metrics(model)}
+        if resumption is not None and not done.partial:
             tree = content_hash(checked.tree)
-            extras.update(resumption.finish(tree, settings.epochs, model, optimizers, shuffle))
+            extras.update(resumption.finish(tree, settings.epochs, model, built.optimizers, shuffle))
+        if built.lineage is not None:
+            extras.update(built.lineage.save(model))
         if settings.step_mode != "eager":
-            extras["step_mode_applied"] = float(applied)
+            extras["step_mode_applied"] = float(done.applied)
     except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
         if out_of_memory(exc):
             runtime.release()
@@ -446,16 +414,16 @@ def _train(
         raise
     finally:
         torch.set_num_threads(threads)  # in-process executors share the process with others
-    if partial:
+    if done.partial:
         extras["partial"] = 1.0
     if forecast is not None:
         extras["predicted_seconds"] = forecast.seconds
     return {
         "eval_metric": eval_metric,
         "eval_loss": eval_loss,
-        "train_loss": train_loss,
-        f"train_{objective.metric}": train_metric,
-        "params": float(params),
+        "train_loss": done.loss,
+        f"train_{objective.metric}": done.metric,
+        **built.metrics,
         "flops": float(checked.flops),
         **progress.metrics(),
         **extras,
@@ -517,6 +485,7 @@ class TrainingEvaluator(Evaluator):
     name = "training"
     fidelity_setting = "epochs"
     continues = True
+    inherits = True
 
     def __init__(self, **settings: Any):
         self.settings = settings_from(TrainingSettings, self.name, settings)
@@ -536,13 +505,23 @@ class TrainingEvaluator(Evaluator):
         return self._evaluate(checked, random_seed, None)
 
     def evaluate_continued(
-        self, checked: CheckedTree, random_seed: int, continuation: Continuation
+        self,
+        checked: CheckedTree,
+        random_seed: int,
+        continuation: Continuation | None,
+        inheritance: Inheritance | None = None,
     ) -> dict[str, float]:
-        resumption = Resumption.of(continuation, content_hash(checked.tree), self.settings.epochs)
-        return self._evaluate(checked, random_seed, resumption)
+        resumption = None
+        if continuation is not None:
+            resumption = Resumption.of(continuation, content_hash(checked.tree), self.settings.epochs)
+        return self._evaluate(checked, random_seed, resumption, inheritance)
 
     def _evaluate(
-        self, checked: CheckedTree, random_seed: int, resumption: Resumption | None
+        self,
+        checked: CheckedTree,
+        random_seed: int,
+        resumption: Resumption | None,
+        inheritance: Inheritance | None = None,
     ) -> dict[str, float]:
         s = self.settings
         dataset = load_dataset(s.dataset)
@@ -553,8 +532,10 @@ class TrainingEvaluator(Evaluator):
         valid = _subset(dataset.valid_x, dataset.valid_y, s.valid_subset)
         keys = ((dataset, "train", s.train_subset), (dataset, "valid", s.valid_subset))
         start = resumption.start if resumption is not None else 0
-        forecast = _forecast(checked, s, objective, len(train[1]), len(valid[1]), s.epochs - start)
-        metrics = _train(checked, objective, train, valid, s, random_seed, keys, forecast, resumption)
+        forecast = forecast_run(checked, s, objective, len(train[1]), len(valid[1]), s.epochs - start)
+        metrics = _train(
+            checked, objective, train, valid, s, random_seed, keys, forecast, resumption, inheritance
+        )
         value, loss = metrics.pop("eval_metric"), metrics.pop("eval_loss")
         named = {f"valid_{objective.metric}": value, "valid_loss": loss}
         return {"fitness": objective.fitness(value), **named, **metrics}
@@ -578,7 +559,7 @@ def train_and_test(
         np.concatenate([dataset.train_y, dataset.valid_y]),
     )
     test = (dataset.test_x, dataset.test_y)
-    forecast = _forecast(checked, settings, objective, len(train[1]), len(test[1]))
+    forecast = forecast_run(checked, settings, objective, len(train[1]), len(test[1]))
     metrics = _train(checked, objective, train, test, settings, random_seed, forecast=forecast)
     value, loss = metrics.pop("eval_metric"), metrics.pop("eval_loss")
     return {f"test_{objective.metric}": value, "test_loss": loss, **metrics}

@@ -362,8 +362,11 @@ class Experiment:
             raise EinspaceError("the multi_fidelity rungs are not resolved: check the experiment first")
         return SuccessiveHalving(strategy, m.rungs, m.eta)
 
-    def task(self, tree: str, fidelity: int | None = None, continuation: Any = None):  # noqa: ANN201 - Task
-        """The evaluation of `tree` at `fidelity` (a `Continuation`: going on from a saved state)."""
+    def task(  # noqa: ANN201 - Task
+        self, tree: str, fidelity: int | None = None, continuation: Any = None, inheritance: Any = None
+    ):
+        """The evaluation of `tree` at `fidelity` (a `Continuation`: going on from a saved state;
+        an `Inheritance`: starting from a parent's weights)."""
         from einspace.evaluators.base import Task
 
         return Task(
@@ -376,6 +379,7 @@ class Experiment:
             random_seed=self.random_seed,
             fidelity=fidelity,
             continuation=continuation,
+            inheritance=inheritance,
         )
 
     def make_executor(self, address: str | None = None):  # noqa: ANN201 - Executor

@@ -106,6 +106,10 @@ class RegularisedEvolution(Strategy):
                 continue
         return self.sampler.sample(), "sampled", ()
 
+    def live_parents(self) -> set[int]:
+        """The population: only its members enter tournaments."""
+        return {i for i, _, _ in self.population}
+
     def _tournament(self) -> tuple[int, str, float]:
         """The fittest of S uniform draws (ties: the first drawn)."""
         best = None

@@ -23,6 +23,7 @@ from einspace.errors import EinspaceError
 from einspace.plugins import is_loaded, load_plugins
 from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
+from einspace.search.inherited_weights import InheritedWeights
 from einspace.search.store import Record, SQLiteStore, Store
 from einspace.search.strategy import Candidate, Strategy
 from einspace.search.successive_halving import PROMOTION
@@ -251,6 +252,8 @@ class _Session:
         self.waiting: dict[tuple[str, int | None], list[Candidate]] = {}
         self.summary = RunSummary()
         self.states = TrainedStates.of(run.directory, self.experiment.multi_fidelity, self.strategy)
+        self.weights = InheritedWeights.of(run.directory, self.experiment)
+        self.hashes: dict[int, str] = {}  # evaluation id -> tree hash, of parents looked up
 
     def run(self) -> RunSummary:
         started = time.perf_counter()
@@ -317,9 +320,12 @@ class _Session:
     def _submit(self, candidate: Candidate) -> None:
         self.store.submit(_record(candidate))
         continuation = self.states.continuation(candidate) if self.states is not None else None
-        self.executor.submit(
-            candidate.id, self.experiment.task(candidate.tree, candidate.fidelity, continuation)
-        )
+        inheritance = None
+        if self.weights is not None:
+            parent = self._hash_of(candidate.parents[0]) if candidate.parents else None
+            inheritance = self.weights.inheritance(candidate, parent)
+        task = self.experiment.task(candidate.tree, candidate.fidelity, continuation, inheritance)
+        self.executor.submit(candidate.id, task)
         self.in_flight[candidate.id] = candidate
         self.waiting[candidate.key] = []
 
@@ -330,10 +336,32 @@ class _Session:
         outcome = {"fitness": r.fitness, "metrics": r.metrics, "error": r.error, "seconds": r.seconds}
         outcome.update(partial=r.partial, cost=r.cost.to_json())
         record = self.store.finish(_record(candidate, status=r.status, worker=done.worker, **outcome))
+        if self.weights is not None and r.metrics.get("weights_saved") == 1.0:
+            self.weights.saved(candidate.hash)
         self.summary.evaluated += 1
         self._tell(candidate, record)
         for duplicate in self.waiting.pop(candidate.key):
             self._finish_cached(duplicate, record)
+
+    def _hash_of(self, evaluation: int) -> str | None:
+        """The tree hash of an evaluation (None: not in the store)."""
+        if evaluation not in self.hashes:
+            record = self.store.get(evaluation)
+            if record is None:
+                return None
+            self.hashes[evaluation] = record.hash
+        return self.hashes[evaluation]
+
+    def _live_weights(self) -> set[str]:
+        """The trees whose weights may still be inherited or are being written: the parents the
+        strategy may still choose, what is in flight or queued, and their first parents."""
+        live = {self._hash_of(i) for i in self.strategy.live_parents()}
+        for candidate in (*self.in_flight.values(), *self.queue):
+            live.add(candidate.hash)
+            if candidate.parents:
+                live.add(self._hash_of(candidate.parents[0]))
+        live.discard(None)
+        return live  # type: ignore[return-value]
 
     def _finish_cached(self, candidate: Candidate, original: Record) -> None:
         copy = _record(
@@ -356,6 +384,8 @@ class _Session:
         self.store.save_checkpoint(self.strategy.state_dict())
         if self.states is not None:
             self.states.prune()
+        if self.weights is not None:
+            self.weights.prune(self._live_weights())
         self.summary.count(record)
         if self.on_result is not None:
             self.on_result(record, self.strategy)

@@ -71,8 +71,8 @@ def compute_rows(
     history: list[Record], checkpoint: dict[str, Any] | None = None
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """What the whole run spent as (what, how much): in all, on failures, partial results kept and
-    when the incumbent was found; then, for a multi-fidelity run, each fidelity's evaluations, and
-    for a surrogate-screened one (its strategy `checkpoint`), how well the surrogate ranked."""
+    when the incumbent was found; then, for a multi-fidelity run, each fidelity's evaluations, for
+    one with weight inheritance the share inherited, and for a surrogate-screened one (its strategy `checkpoint`), how well the surrogate ranked."""
     s = compute.summarise(history)
     evaluations = sum(n for n, _ in s.by_fidelity.values())
     rows = [
@@ -83,7 +83,7 @@ def compute_rows(
         rows.append(("partial results kept (time budget)", str(s.partial)))
     if s.incumbent_at is not None:
         rows.append(("best found after", f"{s.incumbent_at:.1f} s"))
-    details = _surrogate_rows(checkpoint)
+    details = _inheritance_rows(history) + _surrogate_rows(checkpoint)
     if set(s.by_fidelity) <= {None}:
         return rows, details
     fidelities = []
@@ -94,6 +94,20 @@ def compute_rows(
     if s.promoted:
         fidelities.append(("promotions continued from a saved state", f"{s.continued} of {s.promoted}"))
     return rows, fidelities + details
+
+
+def _inheritance_rows(history: list[Record]) -> list[tuple[str, str]]:
+    """The share of parameters children inherited from their parents (weight inheritance), and
+    how many found no parent weights and trained from a fresh initialisation."""
+    children = [r for r in history if r.status != "cached" and "inherited_share" in r.metrics]
+    if not children:
+        return []
+    share = sum(r.metrics["inherited_share"] for r in children) / len(children)
+    missing = sum(r.metrics.get("inheritance_missing", 0.0) > 0 for r in children)
+    text = f"{share:.0%} of parameters on average over {len(children)} children"
+    if missing:
+        text += f"; {missing} found no parent weights (fresh initialisation)"
+    return [("weights inherited", text)]
 
 
 def _surrogate_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -124,6 +124,7 @@ class Strategy(ABC):
       already lowers it), and successive halving never promotes it.
     - `pending()` lists the asked-but-untold candidates (to re-queue after a crash).
     - `done` is true when the budget is used up and nothing is pending.
+    - `live_parents()` names the told candidates it may still vary (none, unless it varies).
     - `state_dict()` is JSON-able and complete (RNG included): a fresh strategy given
       `load_state_dict(s.state_dict())` asks exactly what `s` would have asked.
     - Strategies never import torch or ray, and never see the store or the executor.
@@ -189,6 +190,11 @@ class Strategy(ABC):
 
     def pending(self) -> list[Candidate]:
         return sorted(self._pending.values(), key=lambda c: c.id)
+
+    def live_parents(self) -> set[int]:
+        """The evaluated candidates this strategy may still choose as parents of new ones (weight
+        inheritance keeps their weights); none for strategies that do not vary what they found."""
+        return set()
 
     @property
     def done(self) -> bool:

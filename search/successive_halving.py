@@ -209,6 +209,11 @@ class SuccessiveHalving(Strategy):
             live |= level.worth_keeping(self.eta)
         return live
 
+    def live_parents(self) -> set[int]:
+        """The wrapped strategy's live parents, as the evaluations at the lowest rung that the
+        variations name (their trees' weights come from the highest rung each reached)."""
+        return {self._job_of_base[i] for i in self.base.live_parents() if i in self._job_of_base}
+
     def promotions(self) -> int:
         """Promotions issued so far."""
         return sum(len(level.promoted) for level in self._levels)

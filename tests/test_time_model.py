@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import einspace as es
-from einspace.evaluators import time_model, training
+from einspace.evaluators import time_budget, time_model
 from einspace.evaluators.base import Task, run_task
 from einspace.evaluators.objectives import Classification
 from einspace.evaluators.time_model import TimeModel, Workload, calibrate, calibrated
@@ -62,7 +62,7 @@ class _Sleepy(nn.Module):
 
 def _uses(monkeypatch: pytest.MonkeyPatch, model: TimeModel | None) -> None:
     """Make the training evaluator predict with `model` (None: as if calibration had failed)."""
-    monkeypatch.setattr(training, "calibrated", lambda *args: model)
+    monkeypatch.setattr(time_budget, "calibrated", lambda *args: model)
 
 
 def _builds(monkeypatch: pytest.MonkeyPatch, network: nn.Module) -> None:
@@ -146,7 +146,7 @@ def test_a_run_projected_over_budget_stops_after_a_few_steps(
     _builds(monkeypatch, _Sleepy(0.05))
     result = run_task(_task({"max_seconds": 0.6}))
     assert not result.ok
-    steps = 1 + training.PROJECTION_STEPS
+    steps = 1 + time_budget.PROJECTION_STEPS
     assert re.fullmatch(
         rf"projected \S+ s of training exceeds the time budget of 0.6 s: \S+ s for the first {steps} steps, "
         rf"then {STEPS - steps} steps x 0\.0[5-9]\d* s/step \(measured over 3\) \+ \S+ s validation",

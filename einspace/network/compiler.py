@@ -56,6 +56,28 @@ class Network(nn.Module):
         return self.head(self.backbone(x))
 
 
+#: The attribute holding the node path of a terminal's module (see `terminal_modules`).
+_NODE_PATH = "einspace_node_path"
+
+
+def terminal_modules(network: nn.Module) -> dict[Path_, list[nn.Module]]:
+    """The module of every terminal with one, by node path, in build order (a Repeat builds its
+    subtree once per copy, so a path inside one has a module per copy). Call it before lowering:
+    a fused kernel takes the place of the modules it adopts (`einspace.network.lowering`)."""
+    found: dict[Path_, list[nn.Module]] = {}
+    for module in network.modules():
+        path = getattr(module, _NODE_PATH, None)
+        if path is not None:
+            found.setdefault(path, []).append(module)
+    return found
+
+
+def lower_network(network: Network) -> Network:
+    """`network` with its backbone lowered, as `compile_network(..., lower=True)` builds it."""
+    network.backbone = lower_modules(network.backbone)
+    return network
+
+
 class _Compiler(TreeVisitor[list[nn.Module]]):
     """Builds modules node by node, one handler per node kind returning the node's modules in
     order; nested sequences are flattened into one nn.Sequential."""
@@ -82,7 +104,10 @@ class _Compiler(TreeVisitor[list[nn.Module]]):
             if isinstance(exc, EinspaceError):
                 raise BuildError(f"operation {node.op!r} failed in build: {exc}", where) from exc
             raise BuildError(str(OperationFailed(op, "build", exc)), where) from exc
-        return [] if isinstance(module, nn.Identity) else [module]
+        if isinstance(module, nn.Identity):
+            return []
+        setattr(module, _NODE_PATH, path)
+        return [module]
 
     def nonterminal(self, node: Nonterminal, path: Path_) -> list[nn.Module]:
         out: list[nn.Module] = []
