@@ -72,7 +72,8 @@ def compute_rows(
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """What the whole run spent as (what, how much): in all, on failures, partial results kept and
     when the incumbent was found; then, for a multi-fidelity run, each fidelity's evaluations, for
-    one with weight inheritance the share inherited, and for a surrogate-screened one (its strategy `checkpoint`), how well the surrogate ranked."""
+    one with weight inheritance the share inherited, and for a surrogate-screened one (its
+    strategy `checkpoint`), how well the surrogate ranked."""
     s = compute.summarise(history)
     evaluations = sum(n for n, _ in s.by_fidelity.values())
     rows = [
