@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
 from einspace.search.strategy import Candidate, SearchSpace, Strategy, _positive_int, register_strategy
 from einspace.search.surrogate import Surrogate, tree_features
@@ -78,33 +79,35 @@ class RegularisedEvolution(Strategy):
         if not self.population:
             return None  # every initial candidate is still in flight: wait for one to come back
         if self.surrogate is None or not self.surrogate.ready:
-            return self._vary()
+            return self._vary()[:3]
         proposals = [self._vary() for _ in range(self.screen)]
-        features = [self._features_of(tree) for tree, _, _ in proposals]
+        features = [self._features_of(tree, checked) for tree, _, _, checked in proposals]
         predicted = self.surrogate.predict(features)
-        hashes = [content_hash(tree) for tree, _, _ in proposals]
+        hashes = [content_hash(tree) for tree, _, _, _ in proposals]
         # a tree already proposed would only be served from the cache: new ones first
         best = max(range(len(proposals)), key=lambda i: (hashes[i] not in self._known, predicted[i], -i))
         self._features[self.next_id], self._predicted[self.next_id] = features[best], predicted[best]
         self._known.add(hashes[best])
-        return proposals[best]
+        return proposals[best][:3]
 
-    def _vary(self) -> tuple[Node, str, tuple[int, ...]]:
-        """A child of tournament winners: a crossover (with probability `crossover`) or a mutation."""
+    def _vary(self) -> tuple[Node, str, tuple[int, ...], CheckedTree | None]:
+        """A child of tournament winners: a crossover (with probability `crossover`) or a mutation,
+        with its check when variation made one."""
         if self.crossover and len(self.population) > 1 and self.rng.random() < self.crossover:
             a, b = self._tournament(), self._tournament()
             try:
-                child = self.variation.crossover(self.tree_of(a[0], a[1]), self.tree_of(b[0], b[1]))
-                return child, "crossover", (a[0], b[0])
+                child = self.variation.crossover_checked(self.tree_of(a[0], a[1]), self.tree_of(b[0], b[1]))
+                return child.tree, "crossover", (a[0], b[0]), child
             except EinspaceError:
                 pass  # no exchangeable subtrees: mutate instead
         for _ in range(_MUTATION_TRIES):
             parent = self._tournament()
             try:
-                return self.variation.mutate(self.tree_of(parent[0], parent[1])), "mutation", (parent[0],)
+                child = self.variation.mutate_checked(self.tree_of(parent[0], parent[1]))
+                return child.tree, "mutation", (parent[0],), child
             except EinspaceError:
                 continue
-        return self.sampler.sample(), "sampled", ()
+        return self.sampler.sample(), "sampled", (), None
 
     def live_parents(self) -> set[int]:
         """The population: only its members enter tournaments."""
@@ -120,8 +123,8 @@ class RegularisedEvolution(Strategy):
         assert best is not None
         return best
 
-    def _features_of(self, tree: Node) -> dict[str, float]:
-        return tree_features(tree, self.space.grammar, self.space.input)
+    def _features_of(self, tree: Node, checked: CheckedTree | None = None) -> dict[str, float]:
+        return tree_features(tree, self.space.grammar, self.space.input, checked)
 
     def _observe(self, candidate: Candidate, fitness: float) -> None:
         if self.surrogate is not None:

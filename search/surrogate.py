@@ -31,6 +31,7 @@ from einspace.errors import EinspaceError
 from einspace.tree import Node, format_terminal, walk_depths
 
 if TYPE_CHECKING:
+    from einspace.checker import CheckedTree
     from einspace.grammar.model import Grammar
     from einspace.state import FeatureState
 
@@ -49,10 +50,13 @@ SURROGATES: dict[str, tuple[str, dict[str, Any]]] = {
 REFIT_GROWTH = 1.2
 
 
-def tree_features(tree: Node, grammar: Grammar, input: FeatureState) -> dict[str, float]:
+def tree_features(
+    tree: Node, grammar: Grammar, input: FeatureState, checked: CheckedTree | None = None
+) -> dict[str, float]:
     """What the surrogate sees of a tree: counts of operations (`op:` name, `call:` name with its
     arguments), of consecutive operations in application order (`next:` a>b), depth, nodes, and
-    log parameters and FLOPs (of the checked tree; a tree that does not check has neither)."""
+    log parameters and FLOPs (of the checked tree, `checked` if the caller has it; a tree that
+    does not check has neither)."""
     from einspace.checker import check_tree
 
     counts: Counter[str] = Counter()
@@ -73,10 +77,11 @@ def tree_features(tree: Node, grammar: Grammar, input: FeatureState) -> dict[str
         counts[f"next:{a}>{b}"] += 1
     features = {key: float(n) for key, n in counts.items()}
     features.update(depth=float(max(depths)), nodes=float(len(depths)), terminals=float(len(ops)))
-    try:
-        checked = check_tree(tree, grammar, input)
-    except EinspaceError:
-        return features
+    if checked is None:
+        try:
+            checked = check_tree(tree, grammar, input)
+        except EinspaceError:
+            return features
     features.update(log_params=math.log1p(checked.params), log_flops=math.log1p(checked.flops))
     return features
 

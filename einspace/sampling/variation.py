@@ -69,10 +69,14 @@ class Variation:
         """Pick a non-terminal uniformly (root included) and derive its subtree anew from its
         inherited signal; downstream nodes are re-checked, and a derivation that breaks them is
         skipped in favour of the sampler's next one (backtracking, not blind retries)."""
+        return self.mutate_checked(tree).tree
+
+    def mutate_checked(self, tree: Node) -> CheckedTree:
+        """`mutate`, returning the child checked (its costs at hand, not computed again)."""
         with cyclic_gc_paused():
             return self._mutate(tree)
 
-    def _mutate(self, tree: Node) -> Node:
+    def _mutate(self, tree: Node) -> CheckedTree:
         checked = check_tree(tree, self.grammar, self.input)
         depths, sizes = _depths_and_sizes(tree)
         total = sizes[()]
@@ -96,8 +100,8 @@ class Variation:
             for new, _, _, _ in derivations:
                 if new == old:
                     continue
-                child = replace_at(tree, path, new)
-                if self._valid(child) is not None:
+                child = self._valid(replace_at(tree, path, new))
+                if child is not None:
                     return child
         raise VariationError(
             f"no valid mutation found in {self.max_tries} tries within {limits.describe()}; "
@@ -108,10 +112,14 @@ class Variation:
         """`a` with one of its subtrees replaced by a subtree of `b` that has the same symbol and
         receives the same signal; as in `mutate`, the nodes after it are re-checked, and a donor
         that breaks them is passed over."""
+        return self.crossover_checked(a, b).tree
+
+    def crossover_checked(self, a: Node, b: Node) -> CheckedTree:
+        """`crossover`, returning the child checked."""
         with cyclic_gc_paused():
             return self._crossover(a, b)
 
-    def _crossover(self, a: Node, b: Node) -> Node:
+    def _crossover(self, a: Node, b: Node) -> CheckedTree:
         checked_a = check_tree(a, self.grammar, self.input)
         checked_b = check_tree(b, self.grammar, self.input)
         donors: dict[tuple, list[Node]] = {}
@@ -127,8 +135,8 @@ class Variation:
             options = [d for d in donors.get((node.symbol, checked_a.facts[path].input), ()) if d != node]
             self.rng.shuffle(options)
             for donor in options:
-                child = replace_at(a, path, donor)
-                if self._valid(child) is not None:
+                child = self._valid(replace_at(a, path, donor))
+                if child is not None:
                     return child
                 tries += 1
                 if tries >= self.max_tries:
