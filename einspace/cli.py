@@ -15,7 +15,7 @@ from einspace.grammar.model import Grammar
 from einspace.grammar.parser import load_grammar
 from einspace.ops.registry import get_op, list_ops
 from einspace.outputs import writable, write_output
-from einspace.plugins import load_plugins
+from einspace.plugins import import_plugins
 from einspace.sampling import SAMPLING_MODES, make_sampler
 from einspace.sampling.base import Limits
 from einspace.state import FeatureState, describe, parse_input
@@ -517,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: errors a person can fix are printed without a traceback, exit status 2."""
     args = build_parser().parse_args(argv)
     try:
-        load_plugins(args.plugin)
+        import_plugins(args.plugin)
         return args.run(args)
     except EinspaceError as exc:
         print(f"error: {exc}", file=sys.stderr)

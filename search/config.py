@@ -539,10 +539,10 @@ def _check_references(experiment: Experiment) -> Experiment:
     its rungs resolved."""
     from einspace.evaluators.base import get_evaluator
     from einspace.grammar.analysis import require_consistent
-    from einspace.search.executors import load_plugins
+    from einspace.search.executors import load_registries
     from einspace.search.warm_start import check_warm_start
 
-    load_plugins(experiment.plugins)
+    load_registries(experiment.plugins)
     try:  # its settings are checked here, so a bad one never starts a search whose evaluations all fail
         evaluator = get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
     except UnknownNameError:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
-from einspace.plugins import is_loaded, load_plugins
+from einspace.plugins import import_plugins, is_loaded
 from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
 from einspace.search.inherited_weights import InheritedWeights
@@ -119,7 +119,7 @@ class SearchRun:
         plugins = experiment.plugins if experiment else ()  # the run's operations and evaluators
         if trust_plugins:
             try:
-                load_plugins(plugins)
+                import_plugins(plugins)
             except EinspaceError as exc:
                 store.close()
                 raise EinspaceError(
