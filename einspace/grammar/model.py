@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -32,6 +32,7 @@ class SymbolItem:
     """A non-terminal on a right-hand side."""
 
     kind: ClassVar[str] = "symbol"
+    children: ClassVar[tuple[()]] = ()
     name: str
     location: Location | None = field(default=None, compare=False)
 
@@ -46,6 +47,7 @@ class OpItem:
     """
 
     kind: ClassVar[str] = "op"
+    children: ClassVar[tuple[()]] = ()
     name: str
     choices: tuple[Args, ...] = ((),)
     location: Location | None = field(default=None, compare=False)
@@ -58,6 +60,10 @@ class ParallelItem:
     kind: ClassVar[str] = "parallel"
     items: tuple[SymbolItem | OpItem, ...]
     location: Location | None = field(default=None, compare=False)
+
+    @property
+    def children(self) -> tuple[SymbolItem | OpItem, ...]:
+        return self.items
 
 
 @dataclass(frozen=True)
@@ -73,10 +79,21 @@ class RepeatItem:
     times: int | None = None
     location: Location | None = field(default=None, compare=False)
 
+    @property
+    def children(self) -> tuple[SymbolItem | OpItem]:
+        return (self.item,)
+
 
 Item = SymbolItem | OpItem | ParallelItem | RepeatItem
 
 R = TypeVar("R")
+
+
+def walk_items(items: Iterable[Item]) -> Iterator[Item]:
+    """Each item, followed by those nested in it (the `children` of parallel and repeat items)."""
+    for item in items:
+        yield item
+        yield from walk_items(item.children)
 
 
 class ItemVisitor(Generic[R]):
