@@ -188,8 +188,9 @@ class MultiFidelitySection:
     min_fidelity: int = 1  # the lowest rung (epochs, for the training evaluator)
     max_fidelity: int | None = None  # the top rung; None: the evaluator's own (its epochs)
     rungs: tuple[int, ...] | None = None  # explicit increasing fidelities, instead of min/max/eta
-    promotion: str | None = None  # continue (from the lower rung's trained state) | retrain (from
-    # scratch); None: continue where the evaluator can
+    #: continue (from the lower rung's trained state) | retrain (from scratch); None: continue
+    #: where the evaluator can
+    promotion: str | None = None
 
     @property
     def enabled(self) -> bool:
