@@ -110,7 +110,7 @@ class ItemVisitor(Generic[R]):
         return getattr(self, item.kind, self.default)
 
     def default(self, item: Item, *args: Any) -> R:
-        raise EinspaceError(f"{type(self).__name__} has no handler for a {item.kind} item")
+        raise EinspaceError(f"{type(self).__name__} has no handler for {item.kind} items")
 
 
 @dataclass(frozen=True)
