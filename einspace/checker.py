@@ -10,6 +10,7 @@ from einspace.grammar.model import (
     Alternative,
     Grammar,
     Item,
+    ItemVisitor,
     OpItem,
     ParallelItem,
     RepeatItem,
@@ -235,24 +236,35 @@ def _off_grid(alternative: Alternative, kids: tuple[Node, ...]) -> tuple[int, st
     return i, f"{format_terminal(kid)} is not in the grammar's grid here; it allows {allowed}{more}"
 
 
-def _item_matches(item: Item, node: Node) -> bool:
-    if isinstance(item, SymbolItem):
+class _Matches(ItemVisitor[bool]):
+    """Whether a tree node is what a grammar item derives (of a kind the item has no handler
+    for: no)."""
+
+    def symbol(self, item: SymbolItem, node: Node) -> bool:
         return isinstance(node, Nonterminal) and node.symbol == item.name
-    if isinstance(item, OpItem):
+
+    def op(self, item: OpItem, node: Node) -> bool:
         return isinstance(node, Terminal) and node.op == item.name and node.args in item.choices
-    if isinstance(item, ParallelItem):
+
+    def parallel(self, item: ParallelItem, node: Node) -> bool:
         return (
             isinstance(node, Parallel)
             and len(node.children) == len(item.items)
-            and all(map(_item_matches, item.items, node.children))
+            and all(map(self.visit, item.items, node.children))
         )
-    if isinstance(item, RepeatItem):
+
+    def repeat(self, item: RepeatItem, node: Node) -> bool:
         return (
             isinstance(node, Repeat)
             and (item.times is None or item.times == node.times)
-            and _item_matches(item.item, node.child)
+            and self.visit(item.item, node.child)
         )
-    return False
+
+    def default(self, item: Item, node: Node) -> bool:
+        return False
+
+
+_item_matches = _Matches().visit
 
 
 def check_tree(tree: Node, grammar: Grammar | None, input: FeatureState | Signal) -> CheckedTree:

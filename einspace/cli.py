@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from einspace.bundled import names_bundled
 from einspace.checker import CheckedTree, check_tree
@@ -15,7 +16,7 @@ from einspace.grammar.model import Grammar
 from einspace.grammar.parser import load_grammar
 from einspace.ops.registry import get_op, list_ops
 from einspace.outputs import writable, write_output
-from einspace.plugins import load_plugins
+from einspace.plugins import import_plugins
 from einspace.sampling import SAMPLING_MODES, make_sampler
 from einspace.sampling.base import Limits
 from einspace.state import FeatureState, describe, parse_input
@@ -397,11 +398,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="einspace", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    check = sub.add_parser("check", help="parse and validate a grammar; print its consistency analysis")
+def _check_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument("grammar", help="grammar file, or a bundled name such as 'einspace'")
     check.add_argument(
         "--mode", choices=("im", "col"), help="input mode to analyse (default: each mode the grammar takes)"
@@ -420,9 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also print the expectation matrix per (symbol, mode, b) context",
     )
-    check.set_defaults(run=cmd_check)
 
-    sample = sub.add_parser("sample", help="sample derivation trees and print them with statistics")
+
+def _sample_arguments(sample: argparse.ArgumentParser) -> None:
     sample.add_argument("grammar", help="grammar file, or a bundled name such as 'einspace'")
     _add_input(sample)
     sample.add_argument("-n", type=_positive, default=1, help="how many trees")
@@ -439,9 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="paper: backtracking (the paper's sampler); exact: the grammar's distribution given validity",
     )
     _add_limits(sample)
-    sample.set_defaults(run=cmd_sample)
 
-    show = sub.add_parser("show", help="show a tree file with the signal and parameters at every node")
+
+def _show_arguments(show: argparse.ArgumentParser) -> None:
     show.add_argument("tree", help="a tree file (bracket form) or a bundled seed name such as 'resnet18'")
     _add_input(show)
     show.add_argument("--grammar", default="einspace", help="grammar to check the tree against")
@@ -461,22 +458,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="tree",
         help="for --render to PNG/SVG: the derivation tree or the data-flow graph (default: tree)",
     )
-    show.set_defaults(run=cmd_show)
 
-    seeds = sub.add_parser("seeds", help="list the bundled seed architectures and their size at an input")
+
+def _seeds_arguments(seeds: argparse.ArgumentParser) -> None:
     seeds.add_argument("--input", default="3,64,64", metavar="SHAPE", help="input shape (default 3,64,64)")
     seeds.add_argument("--mode", choices=("im", "col"), help="input mode (default: from the rank)")
     seeds.add_argument("--grammar", default="einspace", help="grammar to check the seeds against")
-    seeds.set_defaults(run=cmd_seeds)
 
-    for package in ("einspace.search", "einspace.evaluators"):
-        _add_package_commands(package, sub)
 
-    ops = sub.add_parser("ops", help="list the registered operations")
+def _ops_arguments(ops: argparse.ArgumentParser) -> None:
     ops.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'im2*'")
-    ops.set_defaults(run=cmd_ops)
 
-    export = sub.add_parser("export", help="write a tree or seed as one self-contained PyTorch file")
+
+def _export_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument("tree", help="a tree file or a bundled seed name such as 'resnet18'")
     _add_input(export)
     export.add_argument("--classes", type=_positive, required=True, help="classes of the head")
@@ -488,9 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--load", metavar="FILE", help="weights of the compiled network (torch.save of its state_dict)"
     )
     export.add_argument("--random-seed", type=int, default=0, help="initialisation when no --load")
-    export.set_defaults(run=cmd_export)
 
-    imports = sub.add_parser("import-model", help="trace a PyTorch model and write its derivation tree")
+
+def _import_model_arguments(imports: argparse.ArgumentParser) -> None:
     imports.add_argument("model", metavar="MODULE:FACTORY", help="e.g. my_models.py:resnet or pkg.mod:Net")
     _add_input(imports)
     imports.add_argument("--out", required=True, metavar="FILE.tree", help="the tree file to write")
@@ -500,16 +494,71 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imports.add_argument("--weights", metavar="FILE", help="also write the weights for compile_network")
     imports.add_argument("--random-seed", type=int, default=0, help="initialisation of substituted layers")
-    imports.set_defaults(run=cmd_import_model)
 
-    for command in sub.choices.values():
-        command.add_argument(
-            "--plugin",
-            action="append",
-            default=[],
-            metavar="MODULE_OR_FILE",
-            help="import a module or .py file that registers operations or evaluators first (repeatable)",
-        )
+
+class _Command(NamedTuple):
+    """One subcommand: its name, its line in `einspace --help`, its arguments and what runs it."""
+
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+#: The subcommands in the order `--help` lists them. A package name stands for the commands that
+#: package's `cli` module adds (`_add_package_commands`), so this file needn't know them.
+_COMMANDS: tuple[_Command | str, ...] = (
+    _Command(
+        "check", "parse and validate a grammar; print its consistency analysis", _check_arguments, cmd_check
+    ),
+    _Command(
+        "sample", "sample derivation trees and print them with statistics", _sample_arguments, cmd_sample
+    ),
+    _Command(
+        "show", "show a tree file with the signal and parameters at every node", _show_arguments, cmd_show
+    ),
+    _Command(
+        "seeds", "list the bundled seed architectures and their size at an input", _seeds_arguments, cmd_seeds
+    ),
+    "einspace.search",
+    "einspace.evaluators",
+    _Command("ops", "list the registered operations", _ops_arguments, cmd_ops),
+    _Command(
+        "export", "write a tree or seed as one self-contained PyTorch file", _export_arguments, cmd_export
+    ),
+    _Command(
+        "import-model",
+        "trace a PyTorch model and write its derivation tree",
+        _import_model_arguments,
+        cmd_import_model,
+    ),
+)
+
+
+def _add_plugin_option(command: argparse.ArgumentParser) -> None:
+    """Every command takes `--plugin`, the packages' own commands included."""
+    command.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import a module or .py file that registers operations or evaluators first (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `einspace` parser, built from `_COMMANDS`."""
+    parser = argparse.ArgumentParser(prog="einspace", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in _COMMANDS:
+        if isinstance(command, str):
+            _add_package_commands(command, sub)
+            continue
+        subparser = sub.add_parser(command.name, help=command.help)
+        command.arguments(subparser)
+        subparser.set_defaults(run=command.run)
+    for subparser in sub.choices.values():
+        _add_plugin_option(subparser)
     return parser
 
 
@@ -517,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: errors a person can fix are printed without a traceback, exit status 2."""
     args = build_parser().parse_args(argv)
     try:
-        load_plugins(args.plugin)
+        import_plugins(args.plugin)
         return args.run(args)
     except EinspaceError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -18,14 +18,14 @@ from pathlib import Path
 
 from einspace.errors import EinspaceError
 
-__all__ = ["PluginError", "is_loaded", "load_plugins", "where_failed"]
+__all__ = ["PluginError", "import_plugins", "is_loaded", "where_failed"]
 
 
 class PluginError(EinspaceError):
     """A plugin that cannot be found or fails while it is imported."""
 
 
-def load_plugins(plugins: Sequence[str]) -> None:
+def import_plugins(plugins: Sequence[str]) -> None:
     """Import each plugin once: a dotted module name, or a `.py` file (by path).
 
     A plugin that is missing or raises while importing is a PluginError naming the plugin and

@@ -31,6 +31,7 @@ from einspace.errors import EinspaceError
 from einspace.evaluators import data_cache
 from einspace.evaluators.optim import Optimizers
 from einspace.evaluators.worker import gpu_share
+from einspace.network.memory import allocation_failed
 
 #: Fraction of the free device memory the data may take before it stays on the host.
 _DATA_FRACTION = 0.25
@@ -39,11 +40,9 @@ STEP_MODES = ("eager", "cuda_graphs", "compile", "compile_cuda_graphs")
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    """Whether an exception is an allocation failure (CUDA or host)."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return "out of memory" in text or "can't allocate memory" in text or "not enough memory" in text
+    """Whether an exception is an allocation failure (CUDA or host): torch's own type, or what
+    the torch-free `allocation_failed` recognises, so the two never disagree."""
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or allocation_failed(exc)
 
 
 def _is_conv(module: nn.Module) -> bool:

@@ -14,6 +14,7 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from einspace.errors import EinspaceError
@@ -140,13 +141,26 @@ class Task:
         )
 
 
+class Status(str, Enum):
+    """How an evaluation ended: `ok` (a fitness), `failed` (a reason), or, in a run's store,
+    `cached` (a duplicate that reuses an earlier result). The values are the plain words, so
+    JSON, the SQLite store and the runs of older einspaces read the same."""
+
+    OK = "ok"
+    FAILED = "failed"
+    CACHED = "cached"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Result:
     """The outcome of a Task. `fitness` is maximised; failed results carry WORST_FITNESS and a
     reason. `partial`: an ok result scored before the task's fidelity was reached (a time budget
     stopped training; `cost.epochs` says where)."""
 
-    status: str  # "ok" or "failed"
+    status: Status  # ok or failed
     fitness: float
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
@@ -156,18 +170,18 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == Status.OK
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Result:
-        return Result(**{**data, "cost": Cost.from_json(data.get("cost"))})
+        return Result(**{**data, "status": Status(data["status"]), "cost": Cost.from_json(data.get("cost"))})
 
     @staticmethod
     def failure(reason: str, seconds: float = 0.0, cost: Cost | None = None) -> Result:
-        return Result("failed", WORST_FITNESS, {}, reason, seconds, cost or Cost(wall_seconds=seconds))
+        return Result(Status.FAILED, WORST_FITNESS, {}, reason, seconds, cost or Cost(wall_seconds=seconds))
 
 
 class Evaluator(ABC):
@@ -297,4 +311,4 @@ def run_task(task: Task) -> Result:
     if not math.isfinite(fitness):
         return meter.failure(f"fitness is {fitness}", progress)
     cost = meter.cost(progress)
-    return Result("ok", fitness, clean, None, cost.wall_seconds, cost, partial)
+    return Result(Status.OK, fitness, clean, None, cost.wall_seconds, cost, partial)

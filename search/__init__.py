@@ -6,7 +6,7 @@ strategy; a `SearchRun` (its run loop) is the one place the three meet, and an e
 """
 
 from einspace.search.config import ConfigError, Experiment, load_experiment, parse_experiment
-from einspace.search.executors import Executor, Finished, InProcessExecutor, RayExecutor, load_plugins
+from einspace.search.executors import Executor, Finished, InProcessExecutor, RayExecutor, load_registries
 from einspace.search.loop import RunSummary, SearchRun, open_store, run_search
 from einspace.search.store import Record, SQLiteStore, Store, StoreError
 from einspace.search.strategy import (
@@ -37,7 +37,7 @@ __all__ = [
     "get_strategy",
     "list_strategies",
     "load_experiment",
-    "load_plugins",
+    "load_registries",
     "open_store",
     "parse_experiment",
     "register_strategy",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from einspace.search.compute import compute_of, incumbent, wasted
-from einspace.search.store import Record
+from einspace.search.store import Record, Status
 from einspace.search.strategy import Strategy
 
 if TYPE_CHECKING:
@@ -97,8 +97,8 @@ class _Progress:
         promoted = promotions(new)
         self.promoted += promoted
         self.done += len(new) - promoted  # architectures, as the budget counts them
-        self.failed += sum(r.status == "failed" for r in new)
-        self.cached += sum(r.status == "cached" for r in new)
+        self.failed += sum(r.status == Status.FAILED for r in new)
+        self.cached += sum(r.status == Status.CACHED for r in new)
         self.compute += sum(map(compute_of, new))
         self.wasted += wasted(new)
         self.best = incumbent([self.best, *new] if self.best else new)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from einspace.evaluators.base import Cost
-from einspace.search.store import Record
+from einspace.search.store import Record, Status
 from einspace.search.successive_halving import PROMOTION
 
 __all__ = ["ComputeSummary", "best_so_far", "compute_of", "incumbent", "rank", "summarise", "wasted"]
@@ -25,7 +25,7 @@ __all__ = ["ComputeSummary", "best_so_far", "compute_of", "incumbent", "rank", "
 
 def compute_of(record: Record) -> float:
     """Compute seconds one finished evaluation spent (0 for a cached duplicate)."""
-    if record.status == "cached":
+    if record.status == Status.CACHED:
         return 0.0
     if not record.cost:
         return record.seconds or 0.0
@@ -42,7 +42,7 @@ def rank(record: Record) -> tuple[float, float]:
 def _beats(record: Record, best: Record | None) -> bool:
     """Whether `record` is scored and better than the incumbent `best`: higher fidelity first,
     then higher fitness (ties keep the earlier)."""
-    if record.status == "failed" or record.fitness is None or not math.isfinite(record.fitness):
+    if record.status == Status.FAILED or record.fitness is None or not math.isfinite(record.fitness):
         return False
     return best is None or rank(record) > rank(best)
 
@@ -71,7 +71,7 @@ def best_so_far(history: Iterable[Record]) -> list[tuple[float, float | None]]:
 
 def wasted(history: Iterable[Record]) -> float:
     """Compute seconds spent on evaluations that failed."""
-    return sum(compute_of(r) for r in history if r.status == "failed")
+    return sum(compute_of(r) for r in history if r.status == Status.FAILED)
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,10 @@ def summarise(history: list[Record]) -> ComputeSummary:
         total += compute_of(r)
         if r is best:
             at = total
-        if r.status != "cached":
+        if r.status != Status.CACHED:
             n, seconds = by_fidelity.get(r.fidelity, (0, 0.0))
             by_fidelity[r.fidelity] = (n + 1, seconds + compute_of(r))
-    partial = sum(r.partial and r.status == "ok" for r in history)
-    promoted = [r for r in history if r.origin == PROMOTION and r.status != "cached"]
+    partial = sum(r.partial and r.status == Status.OK for r in history)
+    promoted = [r for r in history if r.origin == PROMOTION and r.status != Status.CACHED]
     continued = sum(r.metrics.get("continued_from_epoch", 0) > 0 for r in promoted if r.metrics)
     return ComputeSummary(total, wasted(history), by_fidelity, partial, at, len(promoted), continued)

@@ -1,7 +1,9 @@
 """Experiment files (YAML): what to search, how to evaluate, where to run; strict, errors name the key.
 
-A file is checked against `_SPEC` (types and defaults), then against what it names (grammar, seeds,
-plugins, evaluator, strategy), and becomes an `Experiment` of frozen sections read by attribute.
+Each key is written once, as a field of `Experiment` or of one of its sections: its annotation
+says which YAML values it takes and its default what an absent key means (no default: required).
+A file is checked against that (`_spec`), then against what it names (grammar, seeds, plugins,
+evaluator, strategy), and becomes an `Experiment` of frozen sections read by attribute.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import types
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, is_dataclass, replace
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from einspace.bundled import bundled_files, bundled_grammars, names_bundled
 from einspace.errors import EinspaceError, UnknownNameError
@@ -32,52 +36,10 @@ __all__ = [
 ]
 
 _REQUIRED = object()
-_NUMBER = (int, float)
+#: Field metadata of a key that a file may leave out or set to null, though an experiment always
+#: has a value: `parse_experiment` fills it in.
+_FILLED_IN = {"filled_in": True}
 
-#: key -> (allowed types, default); a nested dict is a section. `None` in the types allows null.
-_SPEC: dict[str, Any] = {
-    "name": ((str, None), None),
-    "run_dir": ((str, None), None),
-    "random_seed": ((int,), 0),
-    "grammar": ((str,), "einspace"),
-    "sampling": ((str,), "paper"),  # sampling mode (einspace.sampling): paper | exact
-    "allow_inconsistent": ((bool,), False),  # search a grammar with rho >= 1 all the same
-    "input": {"shape": ((list,), _REQUIRED), "mode": ((str, None), None)},
-    "limits": {
-        "max_depth": ((int,), 40),
-        "max_nodes": ((int,), 2000),
-        "min_depth": ((int,), 0),
-        "max_params": ((int, None), None),
-        "min_params": ((int,), 0),  # no degenerate candidates: trees below are rejected whole
-        "min_flops": ((int,), 0),  # FLOPs per sample, as the checker counts them
-        "max_steps": ((int,), 20_000),
-        "max_attempts": ((int,), 100),
-    },
-    "evaluator": {"name": ((str,), _REQUIRED), "settings": ((dict,), {})},
-    "strategy": {"name": ((str,), "regularised_evolution"), "settings": ((dict,), {})},
-    "seeds": ((list,), []),
-    "plugins": ((list,), []),
-    "warm_start": ((list,), []),  # run directories whose results start the surrogate (search.warm_start)
-    "multi_fidelity": {
-        "scheduler": ((str,), "none"),  # none | successive_halving (einspace.search.successive_halving)
-        "eta": ((int,), 3),  # the best 1/eta of each rung is promoted
-        "min_fidelity": ((int,), 1),  # the lowest rung (epochs, for the training evaluator)
-        "max_fidelity": ((int, None), None),  # the top rung; None: the evaluator's own (its epochs)
-        "rungs": ((list, None), None),  # explicit increasing fidelities, instead of min/max/eta
-        "promotion": ((str, None), None),  # continue | retrain; None: continue where the evaluator can
-    },
-    "executor": {
-        "kind": ((str,), "ray"),
-        "max_in_flight": ((int,), 1),
-        "num_cpus": (_NUMBER, 1),
-        "num_gpus": (_NUMBER, 0),
-        "timeout_s": ((*_NUMBER, None), None),
-        "fresh_process": ((bool, None), None),
-        "local_cpus": ((int, None), None),
-        "packing": ((str,), "fixed"),  # fixed: num_gpus each; memory: a share from the tree's memory
-        "gpu_memory_gb": ((*_NUMBER, None), None),  # memory packing: the GPUs' size (None: ask one)
-    },
-}
 
 #: Sections that may change between a run and its resumption (resources, not the experiment).
 _RESUMABLE_CHANGES = ("executor", "run_dir", "name")
@@ -128,12 +90,67 @@ def _check_key(data: dict[str, Any], key: str, rule: Any, path: str, source: str
     return value
 
 
+def _keys(cls: type) -> list[Field]:
+    """The fields of a section that are experiment keys (those that say what the experiment is)."""
+    return [f for f in fields(cls) if f.compare]
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    """The types of an annotation: those of a union, or the one."""
+    return get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+
+
+#: What a field of a type takes in a file, where it differs from the type: any number, a list.
+_IN_FILES: dict[Any, tuple] = {float: (int, float), tuple: (list,)}
+
+
+def _yaml_types(hint: Any) -> tuple:
+    """The values a field's annotation accepts in a file, in `_check`'s terms (None: null)."""
+    bases = [get_origin(m) or m for m in _members(hint)]
+    found = [t for base in bases if base is not type(None) for t in _IN_FILES.get(base, (base,))]
+    return (*found, None) if type(None) in bases else tuple(found)
+
+
+def _rule(key: Field, hint: Any) -> tuple[tuple, Any]:
+    """(the values a key takes in a file, its default) from its field."""
+    allowed = _yaml_types(hint)
+    if key.metadata.get("filled_in"):
+        return (*allowed, None), None
+    if key.default is not MISSING:
+        return allowed, list(key.default) if isinstance(key.default, tuple) else key.default
+    return allowed, key.default_factory() if key.default_factory is not MISSING else _REQUIRED
+
+
+@cache
+def _spec(cls: type) -> dict[str, Any]:
+    """The keys of a section, from its fields: key -> (allowed types, default), or a nested dict
+    for a section. `None` in the types allows null."""
+    hints = get_type_hints(cls)
+    return {
+        key.name: _spec(hints[key.name]) if is_dataclass(hints[key.name]) else _rule(key, hints[key.name])
+        for key in _keys(cls)
+    }
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    """A section from checked data: its sections built in turn, lists made tuples."""
+    hints, values = get_type_hints(cls), {}
+    for key in _keys(cls):
+        hint, value = hints[key.name], data[key.name]
+        if is_dataclass(hint):
+            value = _build(hint, value)
+        elif value is not None and any(get_origin(m) is tuple for m in _members(hint)):
+            value = tuple(value)
+        values[key.name] = value
+    return cls(**values)
+
+
 @dataclass(frozen=True)
 class InputSection:
     """The network input: its shape without the batch, and its mode (None: from the rank)."""
 
     shape: tuple[int, ...]
-    mode: str | None
+    mode: str | None = None
 
     def state(self) -> FeatureState:
         return input_state(self.shape, self.mode)
@@ -144,15 +161,15 @@ class EvaluatorSection:
     """A registered evaluator and its settings (its keyword arguments)."""
 
     name: str
-    settings: dict[str, Any]
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class StrategySection:
     """A registered strategy and its settings (its keyword arguments, `evaluations` among them)."""
 
-    name: str
-    settings: dict[str, Any]
+    name: str = "regularised_evolution"
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def with_evaluations(self, evaluations: int) -> StrategySection:
         """The same strategy with another budget (extending a search changes only this)."""
@@ -166,12 +183,14 @@ class MultiFidelitySection:
     resolved (from min/max/eta and the evaluator's own fidelity when not given; `continue` where
     the evaluator can), so a run stores what it used."""
 
-    scheduler: str  # none | successive_halving
-    eta: int
-    min_fidelity: int
-    max_fidelity: int | None
-    rungs: tuple[int, ...] | None
-    promotion: str | None  # continue (from the lower rung's trained state) | retrain (from scratch)
+    scheduler: str = "none"  # none | successive_halving (einspace.search.successive_halving)
+    eta: int = 3  # the best 1/eta of each rung is promoted
+    min_fidelity: int = 1  # the lowest rung (epochs, for the training evaluator)
+    max_fidelity: int | None = None  # the top rung; None: the evaluator's own (its epochs)
+    rungs: tuple[int, ...] | None = None  # explicit increasing fidelities, instead of min/max/eta
+    #: continue (from the lower rung's trained state) | retrain (from scratch); None: continue
+    #: where the evaluator can
+    promotion: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -221,37 +240,38 @@ class ExecutorSection:
     """Where evaluations run and with which resources (README, "On a pool of GPUs"); these may
     change when a run is resumed."""
 
-    kind: str  # ray | in_process
-    max_in_flight: int
-    num_cpus: float
-    num_gpus: float
-    timeout_s: float | None
-    fresh_process: bool | None
-    local_cpus: int | None
-    packing: str  # fixed: num_gpus each; memory: a share from the tree's memory
-    gpu_memory_gb: float | None  # memory packing: the GPUs' size (None: ask one)
+    kind: str = "ray"  # ray | in_process
+    max_in_flight: int = 1
+    num_cpus: float = 1
+    num_gpus: float = 0
+    timeout_s: float | None = None
+    fresh_process: bool | None = None
+    local_cpus: int | None = None
+    packing: str = "fixed"  # fixed: num_gpus each; memory: a share from the tree's memory
+    gpu_memory_gb: float | None = None  # memory packing: the GPUs' size (None: ask one)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Experiment:
-    """A checked experiment file with every key filled in (defaults from `_SPEC`); relative paths
-    (grammar, seeds, plugins) are resolved against the file's directory. `source` names the file
-    in messages (it is not part of what the experiment is). `to_dict()` is the file as plain data:
+    """A checked experiment file with every key filled in (the fields below and their sections'
+    are the keys, their defaults what an absent key means); relative paths (grammar, seeds,
+    plugins) are resolved against the file's directory. `source` names the file in messages (it
+    is not part of what the experiment is, so not a key). `to_dict()` is the file as plain data:
     the form a run stores and compares."""
 
-    name: str
-    run_dir: str | None
-    random_seed: int
-    grammar: str
-    sampling: str
-    allow_inconsistent: bool
+    name: str = field(metadata=_FILLED_IN)  # a file without one is named after the file
+    run_dir: str | None = None
+    random_seed: int = 0
+    grammar: str = "einspace"
+    sampling: str = "paper"  # sampling mode (einspace.sampling): paper | exact
+    allow_inconsistent: bool = False  # search a grammar with rho >= 1 all the same
     input: InputSection
     limits: Limits
     evaluator: EvaluatorSection
     strategy: StrategySection
-    seeds: tuple[str, ...]
-    plugins: tuple[str, ...]
-    warm_start: tuple[str, ...]
+    seeds: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()
+    warm_start: tuple[str, ...] = ()  # run directories whose results start the surrogate (search.warm_start)
     multi_fidelity: MultiFidelitySection
     executor: ExecutorSection
     source: str = field(default="<experiment>", compare=False)
@@ -259,30 +279,13 @@ class Experiment:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<experiment>") -> Experiment:
         """An experiment from data `_check` has passed (every key present)."""
-        return cls(
-            name=data["name"],
-            run_dir=data["run_dir"],
-            random_seed=data["random_seed"],
-            grammar=data["grammar"],
-            sampling=data["sampling"],
-            allow_inconsistent=data["allow_inconsistent"],
-            input=InputSection(tuple(data["input"]["shape"]), data["input"]["mode"]),
-            limits=Limits(**data["limits"]),
-            evaluator=EvaluatorSection(**data["evaluator"]),
-            strategy=StrategySection(**data["strategy"]),
-            seeds=tuple(data["seeds"]),
-            plugins=tuple(data["plugins"]),
-            warm_start=tuple(data["warm_start"]),
-            multi_fidelity=_multi_fidelity(data["multi_fidelity"]),
-            executor=ExecutorSection(**data["executor"]),
-            source=source,
-        )
+        return replace(_build(cls, data), source=source)
 
     @classmethod
     def from_json(cls, text: str, source: str) -> Experiment:
         """An experiment as a run stored it (`to_json`); keys added to the format since are
         filled with their defaults."""
-        return cls.from_dict(_check(json.loads(text), _SPEC, "", source), source)
+        return cls.from_dict(_check(json.loads(text), _spec(cls), "", source), source)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -436,7 +439,7 @@ def _resolve(value: str, base: Path, bundled: Collection[str] = ()) -> str:
 
 def parse_experiment(raw: Any, source: str = "<experiment>", base: Path | None = None) -> Experiment:
     """Check a parsed YAML document and everything it names (grammar, seeds, evaluator, strategy)."""
-    data = _check(raw, _SPEC, "", source)
+    data = _check(raw, _spec(Experiment), "", source)
     data["name"] = data["name"] or (Path(source).stem if source != "<experiment>" else "experiment")
     _resolve_paths(data, base or Path.cwd(), source)
     _check_values(data, source)
@@ -463,11 +466,6 @@ def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> None:
         if not isinstance(item, str):
             raise ConfigError(f"{source}: warm_start[{i}] must be a run directory, got {item!r}")
     data["warm_start"] = [str((base / item).resolve()) for item in data["warm_start"]]
-
-
-def _multi_fidelity(data: dict[str, Any]) -> MultiFidelitySection:
-    rungs = data["rungs"]
-    return MultiFidelitySection(**{**data, "rungs": None if rungs is None else tuple(rungs)})
 
 
 def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
@@ -539,10 +537,10 @@ def _check_references(experiment: Experiment) -> Experiment:
     its rungs resolved."""
     from einspace.evaluators.base import get_evaluator
     from einspace.grammar.analysis import require_consistent
-    from einspace.search.executors import load_plugins
+    from einspace.search.executors import load_registries
     from einspace.search.warm_start import check_warm_start
 
-    load_plugins(experiment.plugins)
+    load_registries(experiment.plugins)
     try:  # its settings are checked here, so a bad one never starts a search whose evaluations all fail
         evaluator = get_evaluator(experiment.evaluator.name, experiment.evaluator.settings)
     except UnknownNameError:

@@ -16,11 +16,18 @@ from typing import Any, NoReturn
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Result, Task, run_task
 from einspace.evaluators.worker import after_evaluation, settle, warm_up
-from einspace.plugins import load_plugins as load_user_plugins
+from einspace.plugins import import_plugins
 from einspace.search.packing import SMALLEST_SHARE, gpu_share, training_bytes
 from einspace.search.ray_local import start_local_ray, stop_local_ray
 
-__all__ = ["Executor", "Finished", "InProcessExecutor", "RayExecutor", "evaluate_in_worker", "load_plugins"]
+__all__ = [
+    "Executor",
+    "Finished",
+    "InProcessExecutor",
+    "RayExecutor",
+    "evaluate_in_worker",
+    "load_registries",
+]
 
 
 @dataclass(frozen=True)
@@ -53,12 +60,12 @@ class Executor(ABC):
         """Stop: cancel what is still running (its candidates are re-queued on resume)."""
 
 
-def load_plugins(plugins: Sequence[str]) -> None:
+def load_registries(plugins: Sequence[str]) -> None:
     """The bundled evaluators, then the user's plugins (einspace.plugins); run in the driver and
     in every worker, so a registry is the same everywhere. Idempotent."""
     import einspace.evaluators  # noqa: F401 - the bundled evaluators register themselves on import
 
-    load_user_plugins(plugins)
+    import_plugins(plugins)
 
 
 def _worker_name() -> str:
@@ -69,7 +76,7 @@ def evaluate_in_worker(task: dict[str, Any], plugins: Sequence[str]) -> dict[str
     """The body of one Ray task: plain data in, plain data out (no pickled modules cross the wire).
     `recycle` says why the process should not run another evaluation (None: it may)."""
     try:
-        load_plugins(plugins)
+        load_registries(plugins)
         result = run_task(Task.from_json(task))
     except Exception as exc:  # noqa: BLE001 - a plugin that fails to import is a failed evaluation
         result = Result.failure(f"worker could not start the evaluation: {type(exc).__name__}: {exc}")
@@ -84,7 +91,7 @@ class InProcessExecutor(Executor):
     def __init__(self, max_in_flight: int = 1, plugins: Sequence[str] = ()):
         self.max_in_flight = max_in_flight
         self._queue: deque[tuple[int, Task]] = deque()
-        load_plugins(plugins)
+        load_registries(plugins)
 
     def submit(self, key: int, task: Task) -> None:
         self._queue.append((key, task))
@@ -114,7 +121,7 @@ class _EvaluationWorker:
     def ready(self) -> str:
         try:
             warm_up(self.gpu_share or None)
-            load_plugins(self.plugins)
+            load_registries(self.plugins)
         except Exception:  # noqa: BLE001 - the first evaluation fails with the reason instead
             pass
         settle()
@@ -204,7 +211,7 @@ class RayExecutor(Executor):
         self.timeout_s = timeout_s
         self.num_gpus = num_gpus
         self.plugins = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins]
-        load_plugins(self.plugins)  # fail fast in the driver rather than in every worker
+        load_registries(self.plugins)  # fail fast in the driver rather than in every worker
         self._owns_ray = False
         if not ray.is_initialized():
             if address:

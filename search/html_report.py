@@ -25,7 +25,7 @@ from einspace.errors import EinspaceError
 from einspace.outputs import writable, write_output
 from einspace.search.config import Experiment
 from einspace.search.loop import SearchRun
-from einspace.search.store import Record
+from einspace.search.store import Record, Status
 
 __all__ = ["console_tree", "diversity", "operation_shares", "write_html_report"]
 
@@ -57,7 +57,7 @@ class _Evaluated:
 def _evaluated(history: list[Record], run: SearchRun) -> list[_Evaluated]:
     out = []
     for r in history:
-        if r.status == "cached":
+        if r.status == Status.CACHED:
             continue
         try:
             checked = run.check(r.tree)
@@ -143,7 +143,7 @@ def _sizes_png(evaluated: list[_Evaluated]) -> str:
     for i, (title, field, log) in enumerate(measures):
         ax = fig.add_subplot(1, 3, i + 1)
         series = []
-        for status, colour in (("ok", "#64b5f6"), ("failed", "#e57373")):
+        for status, colour in ((Status.OK, "#64b5f6"), (Status.FAILED, "#e57373")):
             values = [getattr(e, field) for e in evaluated if e.record.status == status]
             series.append(([math.log10(max(v, 1)) for v in values] if log else values, colour, status))
         ax.hist(
@@ -291,7 +291,7 @@ def write_html_report(
         *_compute_section(history, name, checkpoint),
         "<h2>Failures by reason</h2>",
     ]
-    reasons = Counter((r.error or "?").splitlines()[0][:200] for r in history if r.status == "failed")
+    reasons = Counter((r.error or "?").splitlines()[0][:200] for r in history if r.status == Status.FAILED)
     if reasons:
         parts.append(_img(_failures_png(reasons), "failures by reason"))
         parts.append(_table([(reason, f"{n} evaluations") for reason, n in reasons.most_common()]))

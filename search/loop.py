@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
-from einspace.plugins import is_loaded, load_plugins
+from einspace.plugins import import_plugins, is_loaded
 from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
 from einspace.search.inherited_weights import InheritedWeights
-from einspace.search.store import Record, SQLiteStore, Store
+from einspace.search.store import Record, SQLiteStore, Status, Store
 from einspace.search.strategy import Candidate, Strategy
 from einspace.search.successive_halving import PROMOTION
 from einspace.search.trained_states import TrainedStates
@@ -64,7 +64,7 @@ class RunSummary:
 
     def count(self, record: Record) -> None:
         """Note a told result's failure, or whether it is the best yet."""
-        if record.status == "failed":
+        if record.status == Status.FAILED:
             self.failed += 1
         elif record.fitness is not None and (
             self.best is None or record.fitness > (self.best.fitness or float("-inf"))
@@ -119,7 +119,7 @@ class SearchRun:
         plugins = experiment.plugins if experiment else ()  # the run's operations and evaluators
         if trust_plugins:
             try:
-                load_plugins(plugins)
+                import_plugins(plugins)
             except EinspaceError as exc:
                 store.close()
                 raise EinspaceError(
@@ -366,7 +366,7 @@ class _Session:
     def _finish_cached(self, candidate: Candidate, original: Record) -> None:
         copy = _record(
             candidate,
-            status="cached",
+            status=Status.CACHED,
             fitness=original.fitness,
             metrics=original.metrics,
             error=original.error,

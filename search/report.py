@@ -13,7 +13,7 @@ from einspace.errors import EinspaceError
 from einspace.evaluators.base import Cost
 from einspace.search import compute
 from einspace.search.loop import SearchRun
-from einspace.search.store import Record
+from einspace.search.store import Record, Status
 from einspace.search.strategy import Strategy
 from einspace.search.successive_halving import PROMOTION
 
@@ -34,7 +34,7 @@ def best_records(history: list[Record], k: int) -> list[Record]:
     """The k best successful evaluations, ranked as the incumbent is chosen (`einspace.search.compute`:
     the highest fidelity first, then fitness), one per distinct tree: its best-ranked evaluation (a
     cached copy, or a promoted tree's lower rungs, is not another architecture)."""
-    ok = [r for r in history if r.status == "ok" and r.fitness is not None]
+    ok = [r for r in history if r.status == Status.OK and r.fitness is not None]
     best: dict[str, Record] = {}  # hash -> the tree's best-ranked record, in rank order
     for r in sorted(ok, key=lambda r: (*(-x for x in compute.rank(r)), r.id)):
         best.setdefault(r.hash, r)
@@ -62,7 +62,7 @@ def _measures(history: list[Record]) -> str:
     more was measured (a killed worker, a store older than compute accounting); joined when mixed."""
     kinds = set()
     for r in history:
-        if r.status != "cached":
+        if r.status != Status.CACHED:
             kinds.add(Cost.from_json(r.cost).measure)
     return "+".join(kind for kind in ("GPU", "CPU", "wall") if kind in kinds)
 
@@ -100,7 +100,7 @@ def compute_rows(
 def _inheritance_rows(history: list[Record]) -> list[tuple[str, str]]:
     """The share of parameters children inherited from their parents (weight inheritance), and
     how many found no parent weights and trained from a fresh initialisation."""
-    children = [r for r in history if r.status != "cached" and "inherited_share" in r.metrics]
+    children = [r for r in history if r.status != Status.CACHED and "inherited_share" in r.metrics]
     if not children:
         return []
     share = sum(r.metrics["inherited_share"] for r in children) / len(children)
@@ -138,7 +138,7 @@ def failure_reasons(history: list[Record]) -> list[tuple[str, int]]:
     """(first line of the reason, count) of the failed evaluations, most frequent first."""
     reasons: dict[str, int] = {}
     for r in history:
-        if r.status == "failed":
+        if r.status == Status.FAILED:
             reason = (r.error or "?").splitlines()[0][:100]
             reasons[reason] = reasons.get(reason, 0) + 1
     return sorted(reasons.items(), key=lambda item: -item[1])
@@ -146,7 +146,7 @@ def failure_reasons(history: list[Record]) -> list[tuple[str, int]]:
 
 def succeeded(history: list[Record]) -> bool:
     """Whether any evaluation of a run (or a cached copy of one) has a fitness."""
-    return any(r.status != "failed" and r.fitness is not None for r in history)
+    return any(r.status != Status.FAILED and r.fitness is not None for r in history)
 
 
 def metric_lines(metrics: dict[str, float]) -> list[str]:
@@ -227,9 +227,9 @@ def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> No
     ok = [
         (r.seq, r.fitness)
         for r in history
-        if r.status != "failed" and r.fitness is not None and math.isfinite(r.fitness)
+        if r.status != Status.FAILED and r.fitness is not None and math.isfinite(r.fitness)
     ]
-    failed = [r.seq for r in history if r.status == "failed"]
+    failed = [r.seq for r in history if r.status == Status.FAILED]
     best, line = -math.inf, []
     for seq, fitness in ok:
         best = max(best, fitness)
@@ -268,7 +268,7 @@ def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> No
     if best:
         ax.step(*zip(*best, strict=True), where="post", color="C3", label="best so far")
     starts = [0.0] + [seconds for seconds, _ in points]
-    failed = [(starts[i], compute.compute_of(r)) for i, r in enumerate(history) if r.status == "failed"]
+    failed = [(starts[i], compute.compute_of(r)) for i, r in enumerate(history) if r.status == Status.FAILED]
     if failed:
         # x in seconds, y in axes fractions: a strip along the bottom whatever the fitness scale
         ax.broken_barh(failed, (0, 0.04), transform=ax.get_xaxis_transform(), color="grey", label="failed")
@@ -325,10 +325,10 @@ def _seed_lines(history: list[Record]) -> list[str]:
     best = best_records(history, 1)
     seeds: dict[str, Record] = {}
     for r in history:
-        if r.origin.startswith("seed:") and r.status != "cached":
+        if r.origin.startswith("seed:") and r.status != Status.CACHED:
             seeds.setdefault(r.origin[len("seed:") :], r)
     for name, r in seeds.items():
-        if r.status == "failed" or r.fitness is None:
+        if r.status == Status.FAILED or r.fitness is None:
             lines.append(f"seed {name}: failed ({(r.error or '?').splitlines()[0][:100]})")
             continue
         gain = ""
@@ -368,7 +368,7 @@ def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
     the mean where the strategy's result is one (random sampling), and the commonest failures."""
     e, strategy = run.experiment, _strategy(run)
     budget = strategy.evaluations if strategy else "?"
-    counts = {s: sum(r.status == s for r in history) for s in ("ok", "failed", "cached")}
+    counts = {s: sum(r.status == s for r in history) for s in Status}
     strategy_name, evaluator_name = (e.strategy.name, e.evaluator.name) if e else ("?", None)
     promoted, finished = promotions(history), f"{len(history)} of {budget}"
     if promoted:  # a multi-fidelity run: the budget counts new architectures
@@ -385,7 +385,7 @@ def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
         overall, fidelities = compute_rows(history, run.store.load_checkpoint())
         lines.append("compute: " + "; ".join(f"{what} {much}" for what, much in overall))
         lines += [f"  {what}: {much}" for what, much in fidelities]
-    fitnesses = [r.fitness for r in history if r.status != "failed" and r.fitness is not None]
+    fitnesses = [r.fitness for r in history if r.status != Status.FAILED and r.fitness is not None]
     if fitnesses and strategy and strategy.reports_mean:
         mean = sum(fitnesses) / len(fitnesses)
         sd = math.sqrt(sum((f - mean) ** 2 for f in fitnesses) / max(1, len(fitnesses) - 1))

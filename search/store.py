@@ -10,12 +10,14 @@ import sqlite3
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from einspace.errors import EinspaceError
+from einspace.evaluators.base import Status
 
-__all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "Store", "StoreError"]
+__all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "State", "Status", "Store", "StoreError"]
 
 #: Bumped whenever the tables change; a store written by a newer einspace is refused, not guessed at,
 #: and an older one is upgraded in place when it is opened (`_MIGRATIONS`).
@@ -26,9 +28,25 @@ class StoreError(EinspaceError):
     """The store cannot be opened or was asked to break its contract."""
 
 
+class State(str, Enum):
+    """Where a record is in its life: `running` (submitted, or re-queued after a crash), then
+    `finished`, once. Stored as the plain words, as older stores hold them."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _one_of(values: type[Enum]) -> str:
+    """An SQL list of an enum's values: `'ok', 'failed', 'cached'`."""
+    return ", ".join(f"'{v.value}'" for v in values)
+
+
 @dataclass(frozen=True)
 class Record:
-    """One evaluation. `state` is "running" until `status` ("ok", "failed" or "cached") is set.
+    """One evaluation. `state` is running until `status` (a `Status`: ok, failed or cached) is set.
     `fidelity` is what the evaluation was asked to train for (None: the evaluator's own setting);
     `partial` marks an ok result scored before reaching it; `cost` is `Cost.to_json()`."""
 
@@ -37,8 +55,8 @@ class Record:
     hash: str
     origin: str
     parents: tuple[int, ...] = ()
-    state: str = "running"
-    status: str | None = None
+    state: State = State.RUNNING
+    status: Status | None = None
     fitness: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
@@ -54,7 +72,7 @@ class Record:
 
     @property
     def finished(self) -> bool:
-        return self.state == "finished"
+        return self.state == State.FINISHED
 
 
 class Store(ABC):
@@ -110,12 +128,12 @@ class Store(ABC):
         pass
 
 
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS evaluations (
     id INTEGER PRIMARY KEY,
-    state TEXT NOT NULL CHECK (state IN ('running', 'finished')),
-    status TEXT CHECK (status IN ('ok', 'failed', 'cached')),
+    state TEXT NOT NULL CHECK (state IN ({_one_of(State)})),
+    status TEXT CHECK (status IN ({_one_of(Status)})),
     tree TEXT NOT NULL,
     hash TEXT NOT NULL,
     origin TEXT NOT NULL,
@@ -226,14 +244,15 @@ class SQLiteStore(Store):
     def submit(self, record: Record) -> None:
         with self._tx():
             old = self._db.execute("SELECT state FROM evaluations WHERE id = ?", (record.id,)).fetchone()
-            if old and old[0] == "finished":
+            if old and old[0] == State.FINISHED:
                 raise StoreError(f"evaluation {record.id} is already finished; it cannot run again")
             self._db.execute(
                 "INSERT OR REPLACE INTO evaluations "
                 "(id, state, tree, hash, origin, parents, submitted_at, fidelity) "
-                "VALUES (?, 'running', ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.id,
+                    State.RUNNING,
                     record.tree,
                     record.hash,
                     record.origin,
@@ -244,12 +263,12 @@ class SQLiteStore(Store):
             )
 
     def finish(self, record: Record) -> Record:
-        if record.status not in ("ok", "failed", "cached"):
+        if record.status not in set(Status):
             raise StoreError(f"evaluation {record.id}: status {record.status!r} is not ok, failed or cached")
         with self._tx():
             old = self._db.execute("SELECT state, submitted_at FROM evaluations WHERE id = ?", (record.id,))
             row = old.fetchone()
-            if row and row[0] == "finished":
+            if row and row[0] == State.FINISHED:
                 raise StoreError(f"evaluation {record.id} is already finished; finished records never change")
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM evaluations").fetchone()[0]
             submitted = record.submitted_at if record.submitted_at is not None else (row[1] if row else None)
@@ -262,7 +281,7 @@ class SQLiteStore(Store):
                     record.hash,
                     record.origin,
                     json.dumps(list(record.parents)),
-                    "finished",
+                    State.FINISHED,
                     record.status,
                     _fitness_in(record.fitness),
                     json.dumps(record.metrics),
@@ -289,8 +308,8 @@ class SQLiteStore(Store):
                 hash=r[2],
                 origin=r[3],
                 parents=tuple(json.loads(r[4])),
-                state=r[5],
-                status=r[6],
+                state=State(r[5]),
+                status=None if r[6] is None else Status(r[6]),
                 fitness=r[7],
                 metrics=json.loads(r[8]) if r[8] else {},
                 error=r[9],
@@ -313,16 +332,16 @@ class SQLiteStore(Store):
 
     def find_hash(self, hash: str, fidelity: int | None = None) -> Record | None:
         rows = self._rows(
-            "WHERE hash = ? AND fidelity IS ? AND status IN ('ok', 'failed') ORDER BY seq LIMIT 1",
-            (hash, fidelity),
+            "WHERE hash = ? AND fidelity IS ? AND status IN (?, ?) ORDER BY seq LIMIT 1",
+            (hash, fidelity, Status.OK, Status.FAILED),
         )
         return rows[0] if rows else None
 
     def history(self) -> list[Record]:
-        return self._rows("WHERE state = 'finished' ORDER BY seq")
+        return self._rows("WHERE state = ? ORDER BY seq", (State.FINISHED,))
 
     def running(self) -> list[Record]:
-        return self._rows("WHERE state = 'running' ORDER BY id")
+        return self._rows("WHERE state = ? ORDER BY id", (State.RUNNING,))
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         text = json.dumps(state, allow_nan=False)

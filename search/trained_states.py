@@ -2,11 +2,13 @@
 with `promotion: continue`; the evaluator side is `einspace.evaluators.continuation`).
 
 One file per evaluation below the top rung, `states/<evaluation id>.pt` in the run directory,
-written by the worker that trained it and read by the worker that trains its promotion. The
-folder holds only what `SuccessiveHalving.live_states` may still need: after every result the rest
-is deleted, so it stays bounded by the rungs' promising results, and a resumed run finds what it
-left. On a cluster of several machines workers read and write the run directory's path on their
-own machine: put the run directory on a shared filesystem, or promotions train from scratch.
+written by the worker that trained it and read by the worker that trains its promotion. The folder
+holds only what `SuccessiveHalving.live_states` may still need: after every result the rest is
+deleted, so it stays bounded by the rungs' promising results, and a resumed run finds what it left.
+Which states may be on disk is kept in memory (read from the folder once, when the run opens or
+resumes), so pruning never lists the folder. On a cluster of several machines workers read and write
+the run directory's path on their own machine: put the run directory on a shared filesystem, or
+promotions train from scratch.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ STATES_FOLDER = "states"
 
 class TrainedStates:
     """The saved states of one run: where each evaluation saves, what it continues, and (`live`)
-    which states may still be needed."""
+    which states may still be needed. `saved` holds the evaluations whose state may be on disk:
+    those found there on opening, and every one since told to save."""
 
     def __init__(self, directory: Path, horizon: int, live: Callable[[], set[int]]):
         self.directory, self.horizon, self.live = Path(directory), horizon, live
+        found = self.directory.glob("*.pt") if self.directory.is_dir() else ()
+        self.saved = {int(file.stem) for file in found if file.stem.isdigit()}
 
     @staticmethod
     def of(run_dir: Path, multi_fidelity: MultiFidelitySection, strategy: Strategy) -> TrainedStates | None:
@@ -51,14 +56,15 @@ class TrainedStates:
         from einspace.evaluators.base import Continuation
 
         save = None if candidate.fidelity == self.horizon else str(self.path(candidate.id))
+        if save is not None:
+            self.saved.add(candidate.id)
         load = None if candidate.continues is None else str(self.path(candidate.continues))
         return Continuation(self.horizon, save, load)
 
     def prune(self) -> None:
-        """Delete every saved state that is not `live`."""
-        if not self.directory.is_dir():
-            return
-        keep = self.live()
-        for file in self.directory.glob("*.pt"):
-            if file.stem.isdigit() and int(file.stem) not in keep:
-                file.unlink(missing_ok=True)
+        """Delete every saved state that is not `live`. An evaluation in flight is live, so its
+        state is only deleted once its worker has finished writing it."""
+        dead = self.saved - self.live()
+        for evaluation in dead:
+            self.path(evaluation).unlink(missing_ok=True)
+        self.saved -= dead

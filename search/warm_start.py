@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from einspace.errors import EinspaceError
+from einspace.search.store import Status
 
 if TYPE_CHECKING:
     from einspace.search.config import Experiment
@@ -76,10 +77,10 @@ def _scored(experiment: Experiment, i: int, run_dir: str) -> list[Record]:
             f"{key}: searched grammar {earlier.grammar!r}, not {experiment.grammar!r} (a warm start "
             "needs the same grammar)"
         )
-    finished = [r for r in history if r.status in ("ok", "failed")]
+    finished = [r for r in history if r.status in (Status.OK, Status.FAILED)]
     lowest = min((r.fidelity for r in finished if r.fidelity is not None), default=None)
     results = [r for r in finished if r.fidelity == lowest]
-    if not any(r.status == "ok" for r in results):
+    if not any(r.status == Status.OK for r in results):
         raise EinspaceError(f"{key}: has no scored evaluation to learn from")
     return results
 
@@ -95,6 +96,6 @@ def warm_start(strategy: Strategy, experiment: Experiment) -> int:
     space = strategy.space
     results = earlier_results(experiment)
     for source, r in results:
-        fitness = r.fitness if r.status == "ok" and r.fitness is not None else float("-inf")
+        fitness = r.fitness if r.status == Status.OK and r.fitness is not None else float("-inf")
         surrogate.add(tree_features(parse_tree(r.tree), space.grammar, space.input), fitness, source)
     return len(results)

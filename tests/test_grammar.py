@@ -262,3 +262,23 @@ def test_a_bundled_name_means_the_bundled_file_even_beside_a_file_of_that_name(t
     assert grammar_path("einspace").parent.name == "grammars"
     with pytest.raises(GrammarSyntaxError, match="unexpected name 'sys'"):
         load_grammar("./einspace")
+
+
+def test_items_are_visited_by_kind_and_walked_with_their_children() -> None:
+    """`ItemVisitor` dispatches on an item's kind as `TreeVisitor` does on a node's; `walk_items`
+    yields each item before those nested in it; `format_item` writes grids by their size."""
+    from einspace.errors import EinspaceError
+    from einspace.grammar.model import ItemVisitor, format_item, walk_items
+
+    g = parse_grammar("start S\nS -> (M, M) add (linear(d = 8 | 16)) * b\nM -> identity\n")
+    items = g.rules_for("S")[0].alternatives[0].items
+    assert [i.kind for i in walk_items(items)] == ["parallel", "symbol", "symbol", "op", "repeat", "op"]
+    assert [format_item(i) for i in items] == ["(M, M)", "add", "(linear(<2 choices>)) * b"]
+
+    class Symbols(ItemVisitor[str]):
+        def symbol(self, item: SymbolItem) -> str:
+            return item.name
+
+    assert Symbols().visit(items[0].items[0]) == "M"
+    with pytest.raises(EinspaceError, match="Symbols has no handler for op items"):
+        Symbols().visit(items[1])

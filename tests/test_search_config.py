@@ -139,3 +139,20 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
     assert Experiment.from_json(e.to_json(), "test.yaml") == e
     older = {k: v for k, v in stored.items() if k not in ("sampling", "allow_inconsistent", "multi_fidelity")}
     assert Experiment.from_json(json.dumps(older), "test.yaml") == e  # keys added since: defaults
+
+
+def test_a_key_is_written_once_as_a_field() -> None:
+    """The checked keys are the fields of `Experiment` and its sections, and what a file leaves out
+    gets the field's default: a file naming only what is required is the dataclasses' defaults."""
+    from dataclasses import fields
+
+    from einspace.sampling import Limits
+    from einspace.search.config import ExecutorSection, MultiFidelitySection, StrategySection, _check, _spec
+
+    spec = _spec(Experiment)
+    assert list(spec) == [f.name for f in fields(Experiment) if f.name != "source"]
+    assert list(spec["executor"]) == [f.name for f in fields(ExecutorSection)]
+    minimal = {"input": {"shape": [3, 8, 8]}, "evaluator": {"name": "e"}}
+    e = Experiment.from_dict(_check(minimal, spec, "", "f.yaml"), "f.yaml")
+    assert (e.limits, e.executor, e.strategy) == (Limits(), ExecutorSection(), StrategySection())
+    assert e.multi_fidelity == MultiFidelitySection() and e.input.shape == (3, 8, 8) and e.seeds == ()

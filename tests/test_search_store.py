@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from einspace.search.store import SCHEMA_VERSION, Record, SQLiteStore, StoreError
+from einspace.search.store import SCHEMA_VERSION, Record, SQLiteStore, State, Status, StoreError
 
 STORES = {"sqlite": lambda path: SQLiteStore(path / "search.sqlite")}
 
@@ -127,6 +127,7 @@ def test_version_1_store_is_upgraded_and_keeps_its_records(tmp_path, writer):
     db.close()
     store = SQLiteStore(tmp_path / "old.sqlite", writer=writer)
     [old] = store.history()
+    assert (old.state, old.status) == (State.FINISHED, Status.OK) and type(old.status) is Status
     assert (old.id, old.fitness, old.tree, old.fidelity, old.partial, old.cost) == (
         0,
         0.25,
@@ -173,3 +174,16 @@ def test_one_writer_per_run(tmp_path):
     reader.close()
     writer.close()
     SQLiteStore(tmp_path / "s.sqlite", writer=True).close()
+
+
+def test_states_are_enums_stored_as_their_plain_words(open_store, tmp_path):
+    """Records read back carry `State` and `Status`; the file holds the words older runs hold."""
+    store = open_store()
+    store.submit(rec(0))
+    assert store.running()[0].state is State.RUNNING
+    store.finish(rec(0, status=Status.CACHED, fitness=1.0))
+    [r] = store.history()
+    assert (r.state, r.status) == (State.FINISHED, Status.CACHED) == ("finished", "cached")
+    store.close()
+    rows = sqlite3.connect(tmp_path / "search.sqlite").execute("SELECT state, status FROM evaluations")
+    assert rows.fetchall() == [("finished", "cached")]

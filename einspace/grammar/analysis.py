@@ -13,7 +13,7 @@ from einspace.errors import EinspaceError, GrammarError
 from einspace.grammar.model import (
     Alternative,
     Grammar,
-    Item,
+    ItemVisitor,
     OpItem,
     ParallelItem,
     RepeatItem,
@@ -89,7 +89,7 @@ class _Step(NamedTuple):
 _FAIL = _Step({}, {}, 0.0)
 
 
-class _Analyser:
+class _Analyser(ItemVisitor[_Step]):
     """Fixed-point iteration of output contexts, then one expansion per reachable label.
 
     Approximations, mirroring a sampler that renormalises over what is feasible: an op draws
@@ -128,45 +128,47 @@ class _Analyser:
             self.ops[key] = tuple(r for r in results if r is not None)
         return self.ops[key]
 
-    def item(self, item: Item, context: Context) -> _Step:
+    def op(self, item: OpItem, context: Context) -> _Step:
+        results = self.op_results(item, context)
+        dist: Dist = {}
+        for r in results:
+            dist[r] = dist.get(r, 0.0) + 1.0 / len(results)
+        return _Step(dist, {}, 1.0)
+
+    def symbol(self, item: SymbolItem, context: Context) -> _Step:
+        label = (item.name, context)
+        self.note(label)
+        if label in self.infinite:
+            return _Step({}, {label: 1.0}, 0.0, 1.0)
+        return _Step(dict(self.out[label]), {label: 1.0}, 0.0)
+
+    def parallel(self, item: ParallelItem, context: Context) -> _Step:
         mode, b = context
-        if isinstance(item, OpItem):
-            results = self.op_results(item, context)
-            dist: Dist = {}
-            for r in results:
-                dist[r] = dist.get(r, 0.0) + 1.0 / len(results)
-            return _Step(dist, {}, 1.0)
-        if isinstance(item, SymbolItem):
-            label = (item.name, context)
-            self.note(label)
-            if label in self.infinite:
-                return _Step({}, {label: 1.0}, 0.0, 1.0)
-            return _Step(dict(self.out[label]), {label: 1.0}, 0.0)
-        if isinstance(item, ParallelItem):
-            if b != len(item.items):
-                return _FAIL
-            children: dict[Label, float] = {}
-            terminals, done, alive, first = 0.0, 1.0, 1.0, None
-            for sub in item.items:
-                step = self.item(sub, (mode, 1))
-                single = {c: p for c, p in step.dist.items() if c[1] == 1}  # a branch cannot branch again
-                done *= sum(single.values())
-                alive *= sum(single.values()) + step.stuck
-                first = single if first is None else first
-                _accumulate(children, step.children, 1.0)
-                terminals += step.terminals
-            if alive == 0.0:
-                return _FAIL
-            total = sum(first.values()) if first else 0.0
-            dist = {(m, b): p * done / total for (m, _), p in first.items()} if done > 0 else {}
-            return _Step(dist, children, terminals, alive - done)
-        if isinstance(item, RepeatItem):
-            if item.times is not None and item.times != b:
-                return _FAIL
-            step = self.item(item.item, (mode, 1))
-            dist = {(m, b): p for (m, one), p in step.dist.items() if one == 1}
-            return _Step(dist, step.children, step.terminals, step.stuck)
-        raise EinspaceError(f"grammar analysis: unknown item {item!r}")
+        if b != len(item.items):
+            return _FAIL
+        children: dict[Label, float] = {}
+        terminals, done, alive, first = 0.0, 1.0, 1.0, None
+        for sub in item.items:
+            step = self.visit(sub, (mode, 1))
+            single = {c: p for c, p in step.dist.items() if c[1] == 1}  # a branch cannot branch again
+            done *= sum(single.values())
+            alive *= sum(single.values()) + step.stuck
+            first = single if first is None else first
+            _accumulate(children, step.children, 1.0)
+            terminals += step.terminals
+        if alive == 0.0:
+            return _FAIL
+        total = sum(first.values()) if first else 0.0
+        dist = {(m, b): p * done / total for (m, _), p in first.items()} if done > 0 else {}
+        return _Step(dist, children, terminals, alive - done)
+
+    def repeat(self, item: RepeatItem, context: Context) -> _Step:
+        mode, b = context
+        if item.times is not None and item.times != b:
+            return _FAIL
+        step = self.visit(item.item, (mode, 1))
+        dist = {(m, b): p for (m, one), p in step.dist.items() if one == 1}
+        return _Step(dist, step.children, step.terminals, step.stuck)
 
     def expand(self, label: Label) -> tuple[Dist, dict[Label, float], float, float]:
         """One expansion of a label: output contexts given termination, expected children and
@@ -195,7 +197,7 @@ class _Analyser:
         for it in alt.items:
             after: dict[Context, list] = {}
             for c, (m, ch, t) in state.items():
-                step = self.item(it, c)
+                step = self.visit(it, c)
                 for c2, q in step.dist.items():
                     _carry(after.setdefault(c2, [0.0, {}, 0.0]), m, ch, t, step, q)
                 if step.stuck > 0.0:

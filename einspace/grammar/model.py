@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from einspace.errors import EinspaceError, Location
 from einspace.ops.registry import Args
@@ -30,6 +31,8 @@ def signal_attribute(signal: Signal, attribute: str) -> Any:
 class SymbolItem:
     """A non-terminal on a right-hand side."""
 
+    kind: ClassVar[str] = "symbol"
+    children: ClassVar[tuple[()]] = ()
     name: str
     location: Location | None = field(default=None, compare=False)
 
@@ -43,6 +46,8 @@ class OpItem:
     uniformly from the feasible ones, which makes each independent axis uniform too.
     """
 
+    kind: ClassVar[str] = "op"
+    children: ClassVar[tuple[()]] = ()
     name: str
     choices: tuple[Args, ...] = ((),)
     location: Location | None = field(default=None, compare=False)
@@ -52,8 +57,13 @@ class OpItem:
 class ParallelItem:
     """`(X, Y)`: the incoming signal must have one branch per item; item i derives branch i."""
 
+    kind: ClassVar[str] = "parallel"
     items: tuple[SymbolItem | OpItem, ...]
     location: Location | None = field(default=None, compare=False)
+
+    @property
+    def children(self) -> tuple[SymbolItem | OpItem, ...]:
+        return self.items
 
 
 @dataclass(frozen=True)
@@ -64,12 +74,43 @@ class RepeatItem:
     Each instance gets its own weights: repetition shares the structure, never parameters.
     """
 
+    kind: ClassVar[str] = "repeat"
     item: SymbolItem | OpItem
     times: int | None = None
     location: Location | None = field(default=None, compare=False)
 
+    @property
+    def children(self) -> tuple[SymbolItem | OpItem]:
+        return (self.item,)
+
 
 Item = SymbolItem | OpItem | ParallelItem | RepeatItem
+
+R = TypeVar("R")
+
+
+def walk_items(items: Iterable[Item]) -> Iterator[Item]:
+    """Each item, followed by those nested in it (the `children` of parallel and repeat items)."""
+    for item in items:
+        yield item
+        yield from walk_items(item.children)
+
+
+class ItemVisitor(Generic[R]):
+    """Handlers per grammar item kind, called by name as `einspace.tree.TreeVisitor` does for
+    tree nodes: `visit(item, *args)` calls the subclass's `symbol`, `op`, `parallel` or `repeat`
+    method (the item's `kind`) with the same arguments, or `default` for a kind it does not
+    handle. The samplers' inner loops keep plain `isinstance` tests: they run per item per draw,
+    where a lookup by name costs."""
+
+    def visit(self, item: Item, *args: Any) -> R:
+        return self.handler(item)(item, *args)
+
+    def handler(self, item: Item) -> Callable[..., R]:
+        return getattr(self, item.kind, self.default)
+
+    def default(self, item: Item, *args: Any) -> R:
+        raise EinspaceError(f"{type(self).__name__} has no handler for {item.kind} items")
 
 
 @dataclass(frozen=True)
@@ -186,19 +227,31 @@ def _format_args(args: Args) -> str:
     return ", ".join(f"{k} = {value(v)}" for k, v in args)
 
 
+class ItemFormatter(ItemVisitor[str]):
+    """Items as grammar text, an operation's grid shown by its size; `einspace.grammar.writer`
+    overrides `grid` to write the grid out."""
+
+    def symbol(self, item: SymbolItem) -> str:
+        return item.name
+
+    def op(self, item: OpItem) -> str:
+        return item.name + self.grid(item.choices)
+
+    def parallel(self, item: ParallelItem) -> str:
+        return "(" + ", ".join(map(self.visit, item.items)) + ")"
+
+    def repeat(self, item: RepeatItem) -> str:
+        return f"({self.visit(item.item)}) * {'b' if item.times is None else item.times}"
+
+    def grid(self, choices: tuple[Args, ...]) -> str:
+        if choices == ((),):
+            return ""
+        return f"({_format_args(choices[0])})" if len(choices) == 1 else f"(<{len(choices)} choices>)"
+
+
 def format_item(item: Item) -> str:
     """An item as it could be written in a grammar file (grids shown by their size)."""
-    if isinstance(item, SymbolItem):
-        return item.name
-    if isinstance(item, OpItem):
-        if item.choices == ((),):
-            return item.name
-        if len(item.choices) == 1:
-            return f"{item.name}({_format_args(item.choices[0])})"
-        return f"{item.name}(<{len(item.choices)} choices>)"
-    if isinstance(item, ParallelItem):
-        return "(" + ", ".join(format_item(i) for i in item.items) + ")"
-    return f"({format_item(item.item)}) * {'b' if item.times is None else item.times}"
+    return ItemFormatter().visit(item)
 
 
 def format_alternative(alternative: Alternative) -> str:

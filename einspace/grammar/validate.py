@@ -29,6 +29,7 @@ from einspace.grammar.model import (
     RepeatItem,
     Rule,
     SymbolItem,
+    walk_items,
 )
 from einspace.ops.registry import canonical_args, get_op, has_op, list_ops
 from einspace.state import MODES
@@ -270,13 +271,7 @@ def _check_productive(grammar: Grammar) -> None:
 
 def _symbols(items: Iterable[Item]) -> Iterator[str]:
     """The non-terminals named in some items, nested ones included."""
-    for item in items:
-        if isinstance(item, SymbolItem):
-            yield item.name
-        elif isinstance(item, ParallelItem):
-            yield from _symbols(item.items)
-        elif isinstance(item, RepeatItem):
-            yield from _symbols([item.item])
+    return (item.name for item in walk_items(items) if isinstance(item, SymbolItem))
 
 
 def _where(earlier: Location, here: Location) -> str:

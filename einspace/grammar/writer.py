@@ -10,7 +10,7 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
-from einspace.grammar.model import Grammar, Item, OpItem, ParallelItem, RepeatItem, Rule, SymbolItem
+from einspace.grammar.model import Grammar, Item, ItemFormatter, Rule
 from einspace.ops.registry import Args
 
 __all__ = ["format_grammar"]
@@ -38,15 +38,15 @@ def _format_rule(rule: Rule) -> list[str]:
     return [f"{head} {alternatives[0]}", *(f"{pad}| {text}" for text in alternatives[1:])]
 
 
+class _GridWriter(ItemFormatter):
+    """Items as grammar text with every grid written out, so the file reads back the same."""
+
+    def grid(self, choices: tuple[Args, ...]) -> str:
+        return _format_grid(choices)
+
+
 def _format_item(item: Item) -> str:
-    if isinstance(item, SymbolItem):
-        return item.name
-    if isinstance(item, OpItem):
-        return item.name + _format_grid(item.choices)
-    if isinstance(item, ParallelItem):
-        return "(" + ", ".join(_format_item(i) for i in item.items) + ")"
-    assert isinstance(item, RepeatItem)
-    return f"({_format_item(item.item)}) * {'b' if item.times is None else item.times}"
+    return _GridWriter().visit(item)
 
 
 def _format_grid(choices: tuple[Args, ...]) -> str:

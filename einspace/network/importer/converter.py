@@ -32,7 +32,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from einspace.grammar.model import Grammar, OpItem, ParallelItem, RepeatItem
+from einspace.grammar.model import Grammar, OpItem, walk_items
 from einspace.network.importer.graph import TracedModel, target_name
 from einspace.network.importer.joins import JoinRules
 from einspace.network.importer.layers import LayerRules
@@ -252,18 +252,9 @@ class Converter(LayerRules, JoinRules, TracedModel):
 def grammar_grid(grammar: Grammar) -> dict[str, set[tuple[tuple[str, Any], ...]]]:
     """Every operation the grammar names, with every argument combination it allows anywhere."""
     grid: dict[str, set[tuple[tuple[str, Any], ...]]] = {}
-
-    def visit(item: Any) -> None:
-        if isinstance(item, OpItem):
-            grid.setdefault(item.name, set()).update(item.choices)
-        elif isinstance(item, ParallelItem):
-            for inner in item.items:
-                visit(inner)
-        elif isinstance(item, RepeatItem):
-            visit(item.item)
-
     for rule in grammar.rules:
         for alternative in rule.alternatives:
-            for item in alternative.items:
-                visit(item)
+            for item in walk_items(alternative.items):
+                if isinstance(item, OpItem):
+                    grid.setdefault(item.name, set()).update(item.choices)
     return grid
