@@ -168,6 +168,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     experiment = _with_options(load_experiment(args.experiment), args)
     experiment.check_evaluator()
     experiment.check_executor()
+    experiment.check_tracking()
     with SearchRun.start(experiment) as run:
         history, budget = run.store.history(), run.strategy.evaluations
         complete = run.strategy.done
