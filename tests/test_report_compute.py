@@ -5,6 +5,7 @@ hand, then tiny real searches (one resumed, one multi-fidelity) against their st
 from __future__ import annotations
 
 import csv
+import io
 import math
 import time
 from pathlib import Path
@@ -15,9 +16,9 @@ from search_helpers import BASE, experiment, merge
 
 from einspace.cli import main
 from einspace.evaluators.base import Cost, EvaluationFailed, Evaluator, register_evaluator
-from einspace.search.cli import _Progress
 from einspace.search.config import parse_experiment
 from einspace.search.loop import STORE_NAME, open_store, run_search
+from einspace.search.progress import SearchProgress
 from einspace.search.report import best_records, report
 from einspace.search.store import Record, SQLiteStore
 from einspace.tree import content_hash
@@ -132,15 +133,16 @@ def test_report_writes_the_compute_plot_beside_the_fitness_plot(tmp_path):
     assert (run / "compute.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_progress_counts_the_stored_run_and_each_told_result_once(capsys):
+def test_progress_counts_the_stored_run_and_each_told_result_once():
     history = [_record(0, cpu=10), _record(1, "failed", cpu=5)]
-    progress = _Progress(4, history, quiet=False)
+    stream = io.StringIO()
+    progress = SearchProgress(4, history, quiet=False, stream=stream)
     strategy = SimpleNamespace(done=False)
     progress(history[1], strategy)  # replayed on resume: already in the store
     progress(_record(2, fitness=0.9, cpu=5), strategy)
-    lines = capsys.readouterr().err.splitlines()
-    assert "] 2/4  best 0.5  failed 1  cached 0  compute 15.0 s (wasted 33.3%)  " in lines[0]
-    assert "] 3/4  best 0.9  failed 1  cached 0  compute 20.0 s (wasted 25.0%)  " in lines[1]
+    lines = stream.getvalue().splitlines()
+    assert "2/4 done  in flight 0  failed 1  cached 0  best 0.5  compute 15.0 s (wasted 33.3%)  " in lines[0]
+    assert "3/4 done  in flight 0  failed 1  cached 0  best 0.9  compute 20.0 s (wasted 25.0%)  " in lines[1]
 
 
 # ----------------------------------------------------------------------------- real searches
