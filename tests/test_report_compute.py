@@ -206,8 +206,8 @@ def test_a_resumed_search_counts_the_compute_of_every_session(tmp_path, capsys):
     spent, failed = _spent(history), [r for r in history if r.status == "failed"]
     assert len(history) == 12 and failed and all(Cost.from_json(r.cost).cpu_seconds > 0 for r in failed)
     share = _spent(failed) / spent
-    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")][-1]
-    assert "] 12/12  " in last and f"  compute {spent:.1f} s (wasted {share:.1%})  " in last
+    last = [line for line in capsys.readouterr().err.splitlines() if " done  in flight " in line][-1]
+    assert last.startswith("12/12 done") and f"  compute {spent:.1f} s (wasted {share:.1%})  " in last
     assert main(["report", str(run_dir), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert (
@@ -237,8 +237,8 @@ def test_a_multi_fidelity_search_resumes_and_reports_architectures_promotions_an
     history = _stored(tmp_path / "run")
     promoted = sum(r.origin == "promotion" for r in history)
     assert len(history) == 12 + promoted
-    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")][-1]
-    assert f"] 12/12 +{promoted} promoted  " in last
+    last = [line for line in capsys.readouterr().err.splitlines() if " in flight " in line][-1]
+    assert last.startswith(f"12/12 done +{promoted} promoted  ")
     text = report(tmp_path / "run", plot=False)
     assert f"finished 12 of 12 architectures and {promoted} promotions (" in text and "[complete]" in text
     rungs = []
