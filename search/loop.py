@@ -263,7 +263,7 @@ class _Session:
             return self._run()
         finally:
             if self.trackers is not None:
-                self.trackers.close()
+                self.trackers.close(self.strategy.done)
 
     def _run(self) -> RunSummary:
         started = time.perf_counter()

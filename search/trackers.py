@@ -93,8 +93,8 @@ class MLflowTracker(Tracker):
         self.client.log_batch(self.run_id, metrics=metrics)
         self.client.log_dict(self.run_id, evaluation_fields(record), f"evaluations/{record.id:06d}.json")
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, finished: bool) -> None:
+        self.client.set_terminated(self.run_id, "FINISHED" if finished else "KILLED")
 
 
 @register_tracker
@@ -123,5 +123,5 @@ class TensorBoardTracker(Tracker):
             self.writer.add_scalar(key, value, record.id)
         self.writer.add_text("evaluation", json.dumps(evaluation_fields(record), sort_keys=True), record.id)
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
         self.writer.close()

@@ -49,8 +49,9 @@ class Tracker:
         """Log one committed evaluation, the incumbent after it and the compute spent so far."""
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Flush and release what the tracker holds."""
+    def close(self, finished: bool) -> None:
+        """Flush and release what the tracker holds; `finished`: the search is done (else stopped,
+        to be resumed)."""
 
 
 #: Tracking backends by name (the experiment's `tracking` keys).
@@ -135,9 +136,9 @@ class Trackers:
         for tracker in self.trackers:
             tracker.evaluation(record, self.best, self.compute)
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
         for tracker in self.trackers:
-            tracker.close()
+            tracker.close(finished)
 
 
 def evaluation_fields(record: Record) -> dict[str, Any]:

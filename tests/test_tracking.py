@@ -24,12 +24,22 @@ def _search_in_two_sessions(run_dir: Path, tracking: dict) -> tuple[list[Record]
     e = experiment(run_dir, strategy=TINY, tracking=tracking, seeds=["resnet18", "resnet18"])
     with SearchRun.start(e) as run:
         assert not run.run(e.make_executor(), max_results=5).finished
+        stopped = json.loads(run.store.get_meta("tracking.mlflow") or "{}").get("run_id")
+        if stopped is not None:  # stopped, to be resumed
+            assert _mlflow_status(run.store.get_meta("tracking.mlflow")) == "KILLED"
     with SearchRun.start(e) as run:
         assert run.run(e.make_executor()).finished
         history = run.store.history()
         meta = run.store.get_meta("tracking.mlflow")
     assert len(history) == 12 and any(r.status == "cached" for r in history)
     return history, meta
+
+
+def _mlflow_status(meta: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    kept = json.loads(meta)
+    return MlflowClient(tracking_uri=kept["uri"]).get_run(kept["run_id"]).info.status
 
 
 def test_mlflow_logs_every_evaluation_once_and_the_run(tmp_path):
