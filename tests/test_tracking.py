@@ -1,4 +1,5 @@
-"""Experiment tracking: a tiny search logged to MLflow and to TensorBoard, read back with each
+"""Experiment tracking: a tiny search logged to MLflow and to TensorBoard (both in the test extra,
+so never skipped), read back with each
 library's own reader and compared with the store; a resumed run logs nothing twice; bad settings
 exit 2 before the search starts."""
 
@@ -43,7 +44,6 @@ def _mlflow_status(meta: str) -> str:
 
 
 def test_mlflow_logs_every_evaluation_once_and_the_run(tmp_path):
-    pytest.importorskip("mlflow")
     from mlflow.artifacts import load_dict
     from mlflow.tracking import MlflowClient
 
@@ -77,7 +77,6 @@ def test_mlflow_logs_every_evaluation_once_and_the_run(tmp_path):
 
 
 def test_tensorboard_logs_every_evaluation_once_and_the_run(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
 
