@@ -1,7 +1,6 @@
 """Experiment tracking: a tiny search logged to MLflow and to TensorBoard (both in the test extra,
-so never skipped), read back with each
-library's own reader and compared with the store; a resumed run logs nothing twice; bad settings
-exit 2 before the search starts."""
+so never skipped), read back with each library's own reader and compared with the store; a resumed
+run logs nothing twice; bad settings exit 2 before the search starts."""
 
 from __future__ import annotations
 
