@@ -5,17 +5,15 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from einspace.search.compute import compute_of, incumbent, wasted
-from einspace.search.store import Record, Status
-from einspace.search.strategy import Strategy
+from einspace.search.store import Record
 
 if TYPE_CHECKING:
     from einspace.search.config import Experiment
     from einspace.search.loop import RunSummary, SearchRun
+    from einspace.search.progress import SearchProgress
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -72,60 +70,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     learn.add_command(sub)  # learn-probabilities
 
 
-class _Progress:
-    """One updating line on a terminal; a line every 5% otherwise (logs stay readable). It counts
-    the whole run: what the store held when the search started, then each result told, once
-    (a result replayed on resume is already in the store)."""
-
-    def __init__(self, budget: int, history: list[Record], quiet: bool):
-        self.budget, self.quiet = budget, quiet
-        self.tty = sys.stderr.isatty()
-        self.counted: set[int] = set()
-        self.done = self.promoted = self.failed = self.cached = 0
-        self.compute = self.wasted = 0.0
-        self.best: Record | None = None
-        self._count(history)
-        self.started = time.monotonic()
-        self.session = 0
-        self.every = max(1, budget // 20)
-
-    def _count(self, records: list[Record]) -> None:
-        from einspace.search.report import promotions
-
-        new = [r for r in records if r.id not in self.counted]
-        self.counted.update(r.id for r in new)
-        promoted = promotions(new)
-        self.promoted += promoted
-        self.done += len(new) - promoted  # architectures, as the budget counts them
-        self.failed += sum(r.status == Status.FAILED for r in new)
-        self.cached += sum(r.status == Status.CACHED for r in new)
-        self.compute += sum(map(compute_of, new))
-        self.wasted += wasted(new)
-        self.best = incumbent([self.best, *new] if self.best else new)
-
-    def __call__(self, record: Record, strategy: Strategy) -> None:
-        self.session += 1
-        self._count([record])
-        if self.quiet or not (self.tty or len(self.counted) % self.every == 0 or strategy.done):
-            return
-        rate = self.session / max(1e-9, time.monotonic() - self.started)
-        width = 30
-        filled = int(width * min(1.0, self.done / max(1, self.budget)))
-        promoted = f" +{self.promoted} promoted" if self.promoted else ""
-        best = self.best.fitness if self.best else float("-inf")
-        share = self.wasted / self.compute if self.compute else 0.0
-        text = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.budget}{promoted}  best {best:.5g}  "
-            f"failed {self.failed}  cached {self.cached}  compute {self.compute:.1f} s (wasted {share:.1%})  "
-            f"{rate:.2f} eval/s"
-        )
-        print(("\r" + text) if self.tty else text, end="" if self.tty else "\n", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.tty and not self.quiet:
-            print(file=sys.stderr)
-
-
 class _StopOnSignal:
     """While installed, SIGINT and SIGTERM ask the search to stop (it cancels what is in flight);
     a second one stops at once. Called, it says whether a stop was asked for."""
@@ -164,15 +108,17 @@ def add_trust_plugins(parser: argparse.ArgumentParser) -> None:
 def cmd_search(args: argparse.Namespace) -> int:
     from einspace.search.config import load_experiment
     from einspace.search.loop import SearchRun
+    from einspace.search.progress import SearchProgress
 
     experiment = _with_options(load_experiment(args.experiment), args)
     experiment.check_evaluator()
     experiment.check_executor()
+    experiment.check_tracking()
     with SearchRun.start(experiment) as run:
         history, budget = run.store.history(), run.strategy.evaluations
         complete = run.strategy.done
         if not complete:
-            progress = _Progress(budget, history, args.quiet)
+            progress = SearchProgress(budget, history, args.quiet)
             if not args.quiet:
                 verb = "resuming" if history else "starting"
                 where = f"{experiment.name} in {run.directory} ({progress.done} of {budget} done)"
@@ -223,7 +169,7 @@ def _with_options(experiment: Experiment, args: argparse.Namespace) -> Experimen
 
 
 def _search(
-    run: SearchRun, experiment: Experiment, ray_address: str | None, progress: _Progress
+    run: SearchRun, experiment: Experiment, ray_address: str | None, progress: SearchProgress
 ) -> RunSummary | None:
     """Search until done or stopped by a signal; None when forced to stop by a second one. The
     executor is shut down whatever happens."""
@@ -231,6 +177,7 @@ def _search(
     executor = None
     try:
         executor = experiment.make_executor(ray_address)
+        progress.executor = executor
         return run.run(executor, on_result=progress, should_stop=stop)
     except KeyboardInterrupt:
         return None

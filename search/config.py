@@ -42,7 +42,7 @@ _FILLED_IN = {"filled_in": True}
 
 
 #: Sections that may change between a run and its resumption (resources, not the experiment).
-_RESUMABLE_CHANGES = ("executor", "run_dir", "name")
+_RESUMABLE_CHANGES = ("executor", "run_dir", "name", "tracking")
 
 
 class ConfigError(EinspaceError):
@@ -274,6 +274,7 @@ class Experiment:
     warm_start: tuple[str, ...] = ()  # run directories whose results start the surrogate (search.warm_start)
     multi_fidelity: MultiFidelitySection
     executor: ExecutorSection
+    tracking: dict[str, Any] = field(default_factory=dict)  # backend -> settings (search.tracking)
     source: str = field(default="<experiment>", compare=False)
 
     @classmethod
@@ -351,6 +352,13 @@ class Experiment:
                     f"{self.source}: executor.num_gpus is {x.num_gpus}, but this machine has no GPU for the "
                     "in-process executor; set num_gpus: 0, or run where there is one"
                 )
+
+    def check_tracking(self) -> None:
+        """The tracking backends' packages, before a search: a missing one is a ConfigError naming
+        the key and the install command."""
+        from einspace.search.tracking import tracking_available
+
+        tracking_available(self.tracking, self.source)
 
     def make_strategy(self, space: Any = None):  # noqa: ANN201 - Strategy
         """The strategy, inside the multi-fidelity scheduler when one is on (its rungs resolved)."""
@@ -529,6 +537,10 @@ def _check_values(data: dict[str, Any], source: str) -> None:
             f"{source}: executor.packing must be 'fixed' or 'memory' (with num_gpus > 0, the largest "
             f"share), got {x['packing']!r} with num_gpus {x['num_gpus']!r}"
         )
+    from einspace.search.tracking import check_tracking
+
+    data["tracking"] = data["tracking"] or {}
+    check_tracking(data["tracking"], source)
 
 
 def _check_references(experiment: Experiment) -> Experiment:

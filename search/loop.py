@@ -27,6 +27,7 @@ from einspace.search.inherited_weights import InheritedWeights
 from einspace.search.store import Record, SQLiteStore, Status, Store
 from einspace.search.strategy import Candidate, Strategy
 from einspace.search.successive_halving import PROMOTION
+from einspace.search.tracking import Trackers
 from einspace.search.trained_states import TrainedStates
 from einspace.search.warm_start import warm_start
 
@@ -233,7 +234,8 @@ class SearchRun:
 
 class _Session:
     """One call of `SearchRun.run`: the candidates in flight, the duplicates waiting for them, and
-    the summary. Every result is committed to the store before the strategy hears of it."""
+    the summary. Every result is committed to the store (and logged to the experiment's trackers)
+    before the strategy hears of it."""
 
     def __init__(
         self,
@@ -254,8 +256,16 @@ class _Session:
         self.states = TrainedStates.of(run.directory, self.experiment.multi_fidelity, self.strategy)
         self.weights = InheritedWeights.of(run.directory, self.experiment)
         self.hashes: dict[int, str] = {}  # evaluation id -> tree hash, of parents looked up
+        self.trackers = Trackers.of(self.experiment, run.directory, self.store)
 
     def run(self) -> RunSummary:
+        try:
+            return self._run()
+        finally:
+            if self.trackers is not None:
+                self.trackers.close(self.strategy.done)
+
+    def _run(self) -> RunSummary:
         started = time.perf_counter()
         while not self._stopping():
             with self._driving():
@@ -335,7 +345,7 @@ class _Session:
         r = done.result
         outcome = {"fitness": r.fitness, "metrics": r.metrics, "error": r.error, "seconds": r.seconds}
         outcome.update(partial=r.partial, cost=r.cost.to_json())
-        record = self.store.finish(_record(candidate, status=r.status, worker=done.worker, **outcome))
+        record = self._commit(_record(candidate, status=r.status, worker=done.worker, **outcome))
         if self.weights is not None and r.metrics.get("weights_saved") == 1.0:
             self.weights.saved(candidate.hash)
         self.summary.evaluated += 1
@@ -375,7 +385,15 @@ class _Session:
             partial=original.partial,
         )
         self.summary.cached += 1
-        self._tell(candidate, self.store.finish(copy))
+        self._tell(candidate, self._commit(copy))
+
+    def _commit(self, record: Record) -> Record:
+        """Commit a finished record to the store, then log it to the trackers: the one place a
+        result is committed, so a resumed run (which replays committed results) logs none twice."""
+        committed = self.store.finish(record)
+        if self.trackers is not None:
+            self.trackers.committed(committed)
+        return committed
 
     def _tell(self, candidate: Candidate, record: Record) -> None:
         """Tell the strategy a committed result, then checkpoint it."""

@@ -18,6 +18,7 @@ from einspace.evaluators.base import EVALUATORS, Evaluator, get_evaluator, list_
 from einspace.ops.registry import OPERATIONS, Group, Operation, get_op, list_ops, register_op
 from einspace.registry import Registry
 from einspace.search.strategy import STRATEGIES, Strategy, get_strategy, list_strategies, register_strategy
+from einspace.search.tracking import TRACKERS, Tracker, register_tracker
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ def _strategy(name: str) -> type:
 
 def _evaluator(name: str) -> type:
     return type("Temporary", (Evaluator,), {"name": name, "evaluate": lambda self, *args: {"fitness": 0.0}})
+
+
+def _tracker(name: str) -> type:
+    return type("Temporary", (Tracker,), {"name": name, "evaluation": lambda self, *args: None})
 
 
 CASES = [
@@ -80,6 +85,17 @@ CASES = [
         _evaluator,
         "training",
         "trainig",
+    ),
+    Case(
+        "tracker",
+        TRACKERS,
+        "einspace.search.tracking.TRACKERS",
+        TRACKERS.get,
+        TRACKERS.names,
+        register_tracker,
+        _tracker,
+        "tensorboard",
+        "tensorbord",
     ),
 ]
 IDS = [case.kind for case in CASES]

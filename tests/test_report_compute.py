@@ -5,6 +5,7 @@ hand, then tiny real searches (one resumed, one multi-fidelity) against their st
 from __future__ import annotations
 
 import csv
+import io
 import math
 import time
 from pathlib import Path
@@ -15,9 +16,9 @@ from search_helpers import BASE, experiment, merge
 
 from einspace.cli import main
 from einspace.evaluators.base import Cost, EvaluationFailed, Evaluator, register_evaluator
-from einspace.search.cli import _Progress
 from einspace.search.config import parse_experiment
 from einspace.search.loop import STORE_NAME, open_store, run_search
+from einspace.search.progress import SearchProgress
 from einspace.search.report import best_records, report
 from einspace.search.store import Record, SQLiteStore
 from einspace.tree import content_hash
@@ -132,15 +133,16 @@ def test_report_writes_the_compute_plot_beside_the_fitness_plot(tmp_path):
     assert (run / "compute.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_progress_counts_the_stored_run_and_each_told_result_once(capsys):
+def test_progress_counts_the_stored_run_and_each_told_result_once():
     history = [_record(0, cpu=10), _record(1, "failed", cpu=5)]
-    progress = _Progress(4, history, quiet=False)
+    stream = io.StringIO()
+    progress = SearchProgress(4, history, quiet=False, stream=stream)
     strategy = SimpleNamespace(done=False)
     progress(history[1], strategy)  # replayed on resume: already in the store
     progress(_record(2, fitness=0.9, cpu=5), strategy)
-    lines = capsys.readouterr().err.splitlines()
-    assert "] 2/4  best 0.5  failed 1  cached 0  compute 15.0 s (wasted 33.3%)  " in lines[0]
-    assert "] 3/4  best 0.9  failed 1  cached 0  compute 20.0 s (wasted 25.0%)  " in lines[1]
+    lines = stream.getvalue().splitlines()
+    assert "2/4 done  in flight 0  failed 1  cached 0  best 0.5  compute 15.0 s (wasted 33.3%)  " in lines[0]
+    assert "3/4 done  in flight 0  failed 1  cached 0  best 0.9  compute 20.0 s (wasted 25.0%)  " in lines[1]
 
 
 # ----------------------------------------------------------------------------- real searches
@@ -204,8 +206,8 @@ def test_a_resumed_search_counts_the_compute_of_every_session(tmp_path, capsys):
     spent, failed = _spent(history), [r for r in history if r.status == "failed"]
     assert len(history) == 12 and failed and all(Cost.from_json(r.cost).cpu_seconds > 0 for r in failed)
     share = _spent(failed) / spent
-    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")][-1]
-    assert "] 12/12  " in last and f"  compute {spent:.1f} s (wasted {share:.1%})  " in last
+    last = [line for line in capsys.readouterr().err.splitlines() if " done  in flight " in line][-1]
+    assert last.startswith("12/12 done") and f"  compute {spent:.1f} s (wasted {share:.1%})  " in last
     assert main(["report", str(run_dir), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert (
@@ -235,8 +237,8 @@ def test_a_multi_fidelity_search_resumes_and_reports_architectures_promotions_an
     history = _stored(tmp_path / "run")
     promoted = sum(r.origin == "promotion" for r in history)
     assert len(history) == 12 + promoted
-    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")][-1]
-    assert f"] 12/12 +{promoted} promoted  " in last
+    last = [line for line in capsys.readouterr().err.splitlines() if " in flight " in line][-1]
+    assert last.startswith(f"12/12 done +{promoted} promoted  ")
     text = report(tmp_path / "run", plot=False)
     assert f"finished 12 of 12 architectures and {promoted} promotions (" in text and "[complete]" in text
     rungs = []

@@ -129,10 +129,11 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
             "packing": "fixed",
             "gpu_memory_gb": None,
         },
+        "tracking": {},
     }
     assert json.loads(e.to_json()) == stored
     identity = e.identity()
-    resumable = {"name", "run_dir", "executor"}
+    resumable = {"name", "run_dir", "executor", "tracking"}
     assert set(identity) == set(stored) - resumable | {"grammar_content", "plugin_content"}
     assert identity["strategy"]["settings"] == {"population": 10, "tournament": 3}
     assert list(identity["plugin_content"]) == [PLUGIN]
