@@ -39,11 +39,25 @@ from torch.autograd.function import once_differentiable
 from einspace.ops.trainable import mark_architecture
 from einspace.ops.xd import fourier_sizes
 
-__all__ = ["DENSE_MAX", "NARROW", "XDConv", "butterfly", "butterfly_matrix", "dft_twiddles"]
+__all__ = [
+    "BLOCKED_MIN",
+    "DENSE_MAX",
+    "NARROW",
+    "XDConv",
+    "butterfly",
+    "butterfly_blocks",
+    "butterfly_matrix",
+    "dft_twiddles",
+]
 
-#: Axes of at most this many points apply their butterfly as a dense matrix (faster on CPU up
-#: to at least 1024 points; the stage-by-stage form saves the n x n matrix beyond).
+#: Axes of at most this many points apply their butterfly as matrices multiplied out once per
+#: forward pass (one dense matrix below `BLOCKED_MIN`, the two passes of `butterfly_blocks` from
+#: there); larger axes apply the factors one at a time.
 DENSE_MAX = 2048
+#: Axes of at least this many points apply their butterfly in two passes of dense blocks (n (m + r)
+#: multiply-adds per line, m r = n) rather than as one n x n matrix (n^2): faster from ~256-512
+#: points on CPU, and the matrices take n (m + r) entries instead of n^2.
+BLOCKED_MIN = 512
 #: MKL's GEMM (measured on an AMD EPYC, one thread) is several times slower at a long result of
 #: fewer columns than this (the K side of a strided XD: 7 columns) than at its transpose.
 NARROW = 16
@@ -98,12 +112,12 @@ def butterfly(x: Tensor, twiddles: Tensor) -> Tensor:
     return x
 
 
-def butterfly_matrix(twiddles: Tensor, n: int) -> Tensor:
-    """The n x n complex matrices of `butterfly` for twiddles (..., log2 n, n/2, 2, 2), multiplied
-    out stage by stage (differentiable): after stage s the product is block-diagonal with
-    blocks of 2h = 2^(s+1), block g being [[D00 X, D01 Y], [D10 X, D11 Y]] for the previous
-    blocks X, Y and the diagonal twiddle matrices D; one broadcast product per stage, ~2 n^2
-    multiplies in all."""
+def _factor_blocks(twiddles: Tensor, n: int) -> Tensor:
+    """The product of the butterfly factors in `twiddles` (..., stages, n/2, 2, 2), without the bit
+    reversal, as its n / 2^stages diagonal blocks (..., n / 2^stages, 2^stages, 2^stages): after
+    stage s the product is block-diagonal with blocks of 2h = 2^(s+1), block g being
+    [[D00 X, D01 Y], [D10 X, D11 Y]] for the previous blocks X, Y and the diagonal twiddle
+    matrices D; one broadcast product per stage."""
     batch = twiddles.shape[:-4]
     blocks = torch.ones(*batch, n, 1, 1, dtype=twiddles.dtype, device=twiddles.device)
     for s in range(twiddles.shape[-4]):
@@ -112,15 +126,51 @@ def butterfly_matrix(twiddles: Tensor, n: int) -> Tensor:
         t = twiddles[..., s, :, :, :].reshape(*batch, groups, h, 2, 2).movedim(-3, -1)  # (g, row, col, j)
         pairs = blocks.reshape(*batch, groups, 1, 2, h, h)
         blocks = (t.unsqueeze(-1) * pairs).transpose(-3, -2).reshape(*batch, groups, 2 * h, 2 * h)
-    return blocks.reshape(*batch, n, n)[..., list(_bit_reversal(n))]
+    return blocks
+
+
+def butterfly_matrix(twiddles: Tensor, n: int) -> Tensor:
+    """The n x n complex matrices of `butterfly` for twiddles (..., log2 n, n/2, 2, 2), multiplied
+    out stage by stage (differentiable, ~2 n^2 multiplies in all)."""
+    blocks = _factor_blocks(twiddles, n)
+    return blocks.reshape(*blocks.shape[:-3], n, n)[..., list(_bit_reversal(n))]
+
+
+def butterfly_blocks(twiddles: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The butterfly of `butterfly_matrix` as two passes of small dense blocks, exactly (the same
+    sums, regrouped): with m = 2^s1 (s1 = the first half of the log2 n stages), n / m = r,
+
+    - the bit reversal and the first s1 stages act within the r contiguous blocks of m entries
+      of the reversed input; block q reads input column rev_r(q) of the (m, r) view, rows in
+      reversed order: `first` (r, m, m), first[c] mapping x[:, c] of the (m, r) view to block
+      rev_r(c);
+    - the later stages pair entries h >= m apart, so they keep the residue j mod m: for each j an
+      r x r matrix over the blocks; `second` (m, r, r), second[j] mapping the first pass'
+      entries j, in the order c, to outputs q' m + j.
+
+    For twiddles (..., log2 n, n/2, 2, 2) the result has the same leading axes. A matrix-vector
+    product then costs n (m + r) multiply-adds instead of n^2."""
+    stages = n.bit_length() - 1
+    s1 = (stages + 1) // 2
+    m, r = 1 << s1, n >> s1
+    first = _factor_blocks(twiddles[..., :s1, :, :, :], n)  # (..., r, m, m): block q
+    first = first[..., list(_bit_reversal(r)), :, :][..., list(_bit_reversal(m))]
+    later = twiddles[..., s1:, :, :, :]
+    batch = later.shape[:-4]
+    # stage s >= s1 (h = 2^s): block g h + j' with j' = (u mod h / m) m + j pairs entries of residue j
+    per_residue = later.reshape(*batch, stages - s1, n // (2 * m), m, 2, 2).movedim(-3, -5)
+    second = _factor_blocks(per_residue, r).squeeze(-3)  # (..., m, r, r): over q for each residue
+    return first, second[..., list(_bit_reversal(r))]
 
 
 class _Axis(NamedTuple):
-    """One axis' butterfly: its size, twiddles and, for a dense axis, its matrix."""
+    """One axis' butterfly: its size, twiddles and, for a dense axis, its matrix, for a blocked
+    axis the two passes of `butterfly_blocks`."""
 
     n: int
     twiddles: Tensor
     matrix: Tensor | None
+    blocks: tuple[Tensor, Tensor] | None = None
 
 
 #: A complex tensor as its real and imaginary parts, the second None for a real tensor.
@@ -208,11 +258,36 @@ def _staged(lines: Tensor, axis: _Axis, place: int, keep: slice = slice(None)) -
     return butterfly(full, axis.twiddles)[..., keep]
 
 
+def _blocked(lines: Tensor, axis: _Axis, place: int, keep: slice = slice(None)) -> Tensor:
+    """Rows `keep` (from 0) of the butterfly applied in two passes of blocks (`butterfly_blocks`) to
+    complex `lines` (L, length), zero-extended to n with their entries from index `place`: (L, kept).
+
+    The input, as (m, r) grid of entries a r + c, only has rows a0..a1 (those holding `lines`):
+    the first pass reads those columns of its blocks; the second computes the block rows q' that
+    hold the kept outputs q' m + j."""
+    first, second = axis.blocks
+    (count, length), r, m = lines.shape, first.shape[-3], second.shape[-3]
+    a0, a1 = place // r, -(-(place + length) // r)
+    if (a0 * r, (a1 - a0) * r) != (place, length):
+        grid = lines.new_zeros(count, (a1 - a0) * r)
+        grid[:, place - a0 * r : place - a0 * r + length] = lines
+        lines = grid
+    stop = axis.n if keep.stop is None else keep.stop
+    q1 = -(-stop // m)
+    x = lines.reshape(count, a1 - a0, r).permute(2, 0, 1)  # (c, L, a)
+    u = torch.bmm(x, first[:, :, a0:a1].transpose(1, 2))  # (c, L, j)
+    y = torch.bmm(u.permute(2, 1, 0), second[:, :q1].transpose(1, 2))  # (j, L, q')
+    return y.permute(1, 2, 0).reshape(count, q1 * m)[:, keep]
+
+
 def _first_columns(axis: _Axis, k: int) -> Tensor:
     """The butterfly's first k columns as rows (k, n): it applied to the first k unit vectors."""
     if axis.matrix is not None:
         return axis.matrix[:, :k].T
-    return _staged(torch.eye(k, dtype=axis.twiddles.dtype, device=axis.twiddles.device), axis, 0)
+    eye = torch.eye(k, dtype=axis.twiddles.dtype, device=axis.twiddles.device)
+    if axis.blocks is not None:
+        return _blocked(eye, axis, 0)
+    return _staged(eye, axis, 0)
 
 
 def _complex(z: Planes) -> Tensor:
@@ -225,7 +300,10 @@ def _to_front(z: Planes, axis: _Axis, place: int) -> Planes:
     """The butterfly along z's last axis (zero-extended to n with its entries from `place`), its
     result put first: the M side, a matrix product A @ z^T on the (other axes) x (last axis) view."""
     length, rest = z[0].shape[-1], z[0].shape[:-1]
-    if axis.matrix is None:
+    if axis.blocks is not None:
+        out = _blocked(_complex(z).reshape(-1, length), axis, place).T
+        z = (out.real, out.imag)
+    elif axis.matrix is None:
         out = _staged(_complex(z).reshape(-1, length), axis, place).T
         z = (out.real, out.imag)
     else:
@@ -238,7 +316,10 @@ def _to_back(z: Planes, axis: _Axis, keep: slice, real: bool) -> Planes:
     """Rows `keep` of the butterfly along z's first axis, its result put last: the K side, z^T @ A^T
     on the (first axis) x (other axes) view; only the real part when `real`."""
     length, rest = z[0].shape[0], z[0].shape[1:]
-    if axis.matrix is None:
+    if axis.blocks is not None:
+        out = _blocked(_complex(z).reshape(length, -1).T, axis, 0, keep)
+        z = (out.real, None if real else out.imag)
+    elif axis.matrix is None:
         out = _staged(_complex(z).reshape(length, -1).T, axis, 0, keep)
         z = (out.real, None if real else out.imag)
     else:
@@ -356,16 +437,22 @@ class XDConv(nn.Module):
         return xd
 
     def _butterflies(self) -> tuple[list[_Axis], list[_Axis], list[_Axis]]:
-        """Per-axis K, L and M; a dense axis multiplies out its three matrices in one batch."""
+        """Per-axis K, L and M; a dense or blocked axis multiplies out its three matrices (or
+        pairs of block passes) in one batch."""
         sizes = [n // 2 * (n.bit_length() - 1) for n in self.fourier]
         split = [torch.view_as_complex(p).split(sizes) for p in (self.K, self.L, self.M)]
         per_axis = zip(*split, strict=True)
         k_axes, l_axes, m_axes = [], [], []
         for n, twiddles in zip(self.fourier, per_axis, strict=True):
             stacked = torch.stack(twiddles).reshape(3, n.bit_length() - 1, n // 2, 2, 2)
-            matrices = butterfly_matrix(stacked, n) if n <= DENSE_MAX else (None, None, None)
-            for axes, t, matrix in zip((k_axes, l_axes, m_axes), stacked, matrices, strict=True):
-                axes.append(_Axis(n, t, matrix))
+            matrices = blocks = (None, None, None)
+            if BLOCKED_MIN <= n <= DENSE_MAX:
+                blocks = tuple(zip(*butterfly_blocks(stacked, n), strict=True))
+            elif n <= DENSE_MAX:
+                matrices = butterfly_matrix(stacked, n)
+            every = zip((k_axes, l_axes, m_axes), stacked, matrices, blocks, strict=True)
+            for axes, t, matrix, pair in every:
+                axes.append(_Axis(n, t, matrix, pair))
         return k_axes, l_axes, m_axes
 
     def _diagonal(self, l_axes: Sequence[_Axis]) -> Planes:
@@ -374,7 +461,7 @@ class XDConv(nn.Module):
         L w + b is linear in the k^N taps of w and in b: one product (prod(n), J) @ (J, c_in c_out),
         J = k^N + 1, of the Kronecker product of the axes' first k columns of L beside b, and the
         taps gated by C beside C itself."""
-        columns = [_first_columns(a, self.kernel_size) for a in l_axes]
+        columns = [_first_columns(a, self.kernel_size).contiguous() for a in l_axes]
         bias = torch.view_as_complex(self.b).reshape(1, -1)
         left = torch.cat([functools.reduce(torch.kron, columns), bias])  # (J, prod(n))
         gates = torch.view_as_complex(self.C).T  # (c_in, c_out)
