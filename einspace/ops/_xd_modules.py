@@ -56,10 +56,9 @@ __all__ = [
 DENSE_MAX = 2048
 #: Axes of at least this many points apply their butterfly in two passes of dense blocks (n (m + r)
 #: multiply-adds per line, m r = n) rather than as one n x n matrix (n^2), and hold n (m + r)
-#: entries instead of n^2. Measured on CPU (one thread, batch 32, 32 channels, a training step):
-#: 2x faster than the dense matrix at 2048 points, 1.2x slower at 1024 (the passes' complex
-#: batched products of 32 x 32 blocks run far below peak, and the layout changes between them copy).
-BLOCKED_MIN = 2048
+#: entries instead of n^2. Measured on CPU (one thread, batch 32, 32 channels, a training step of
+#: a 1-d XD): 2.4x faster than the dense matrix at 1024 points, 5.5x at 2048.
+BLOCKED_MIN = 512
 #: MKL's GEMM (measured on an AMD EPYC, one thread) is several times slower at a long result of
 #: fewer columns than this (the K side of a strided XD: 7 columns) than at its transpose.
 NARROW = 16
