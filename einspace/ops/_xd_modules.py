@@ -15,8 +15,10 @@ A butterfly here is one K-matrix factor chain: the fixed bit-reversal permutatio
 log2(n) butterfly factors, each n/2 independent complex 2x2 blocks (the radix-2
 decimation-in-time FFT when initialised to its twiddles). Small axes apply it as a dense matrix
 multiplied out once per forward pass (it does not depend on the batch, and a matrix product
-is much faster on CPU than log2(n) elementwise passes); larger axes apply the factors one at
-a time, in O(n log n).
+is much faster on CPU than log2(n) elementwise passes); axes from `BLOCKED_MIN` points as two
+passes of small dense blocks (`butterfly_blocks`: the same factors regrouped, n (m + r)
+multiply-adds per line, m r = n); axes beyond `DENSE_MAX` apply the factors one at a time, in
+O(n log n).
 
 The dense products run in real arithmetic on separate real and imaginary planes
 (`_ComplexProduct`): a GEMM reads a transposed view of its operands for free, so each axis'
