@@ -269,9 +269,12 @@ def _staged(lines: Tensor, axis: _Axis, place: int, keep: slice = slice(None)) -
     return butterfly(full, axis.twiddles)[..., keep]
 
 
-def _blocked(lines: Tensor, axis: _Axis, place: int, keep: slice = slice(None)) -> Tensor:
+def _blocked(
+    lines: Tensor, axis: _Axis, place: int, keep: slice = slice(None), front: bool = False
+) -> Tensor:
     """Rows `keep` (from 0) of the butterfly applied in two passes of blocks (`butterfly_blocks`) to
-    complex `lines` (L, length), zero-extended to n with their entries from index `place`: (L, kept).
+    complex `lines` (L, length), zero-extended to n with their entries from index `place`: (L, kept),
+    or (kept, L) when `front`.
 
     The input, as (m, r) grid of entries a r + c, only has rows a0..a1 (those holding `lines`):
     the first pass reads those columns of its blocks; the second computes the block rows q' that
@@ -288,6 +291,8 @@ def _blocked(lines: Tensor, axis: _Axis, place: int, keep: slice = slice(None)) 
     x = lines.reshape(count, a1 - a0, r).permute(2, 1, 0).contiguous()  # (c, a, L)
     u = torch.bmm(first[:, :, a0:a1], x)  # (c, j, L)
     y = torch.bmm(second[:, :q1], u.transpose(0, 1))  # (j, q', L): u's (c, L) matrices are unit-stride
+    if front:
+        return y.permute(1, 0, 2).reshape(q1 * m, count)[keep]
     return y.permute(2, 1, 0).reshape(count, q1 * m)[:, keep]
 
 
@@ -312,7 +317,7 @@ def _to_front(z: Planes, axis: _Axis, place: int) -> Planes:
     result put first: the M side, a matrix product A @ z^T on the (other axes) x (last axis) view."""
     length, rest = z[0].shape[-1], z[0].shape[:-1]
     if axis.blocks is not None:
-        out = _blocked(_complex(z).reshape(-1, length), axis, place).T
+        out = _blocked(_complex(z).reshape(-1, length), axis, place, front=True)
         z = _planes(out)  # unit-stride planes: the GEMMs that follow want them
     elif axis.matrix is None:
         out = _staged(_complex(z).reshape(-1, length), axis, place).T
