@@ -279,17 +279,23 @@ def _blocked(
     The input, as (m, r) grid of entries a r + c, only has rows a0..a1 (those holding `lines`):
     the first pass reads those columns of its blocks; the second computes the block rows q' that
     hold the kept outputs q' m + j."""
-    first, second = axis.blocks
-    (count, length), r, m = lines.shape, first.shape[-3], second.shape[-3]
+    (count, length), r = lines.shape, axis.blocks[0].shape[-3]
     a0, a1 = place // r, -(-(place + length) // r)
     if (a0 * r, (a1 - a0) * r) != (place, length):
         grid = lines.new_zeros(count, (a1 - a0) * r)
         grid[:, place - a0 * r : place - a0 * r + length] = lines
         lines = grid
+    x = lines.reshape(count, a1 - a0, r).permute(2, 1, 0).contiguous()  # (c, a, L)
+    return _passes(x, axis, a0, keep, front)
+
+
+def _passes(x: Tensor, axis: _Axis, a0: int, keep: slice, front: bool) -> Tensor:
+    """The two passes of `_blocked` on its input as (c, a, L), rows a0.. of the (m, r) grid."""
+    first, second = axis.blocks
+    m, count = second.shape[-3], x.shape[-1]
     stop = axis.n if keep.stop is None else keep.stop
     q1 = -(-stop // m)
-    x = lines.reshape(count, a1 - a0, r).permute(2, 1, 0).contiguous()  # (c, a, L)
-    u = torch.bmm(first[:, :, a0:a1], x)  # (c, j, L)
+    u = torch.bmm(first[:, :, a0 : a0 + x.shape[1]], x)  # (c, j, L)
     y = torch.bmm(second[:, :q1], u.transpose(0, 1))  # (j, q', L): u's (c, L) matrices are unit-stride
     if front:
         return y.permute(1, 0, 2).reshape(q1 * m, count)[keep]
@@ -333,7 +339,11 @@ def _to_back(z: Planes, axis: _Axis, keep: slice, real: bool) -> Planes:
     on the (first axis) x (other axes) view; only the real part when `real`."""
     length, rest = z[0].shape[0], z[0].shape[1:]
     if axis.blocks is not None:
-        out = _blocked(_complex(z).reshape(length, -1).T, axis, 0, keep)
+        # the (m, r) grid of the first axis, as the first pass reads it: (c, a, L), one copy
+        r = axis.blocks[0].shape[-3]
+        re, im = (None if p is None else p.reshape(length // r, r, -1).transpose(0, 1) for p in z)
+        x = re.to(torch.promote_types(re.dtype, torch.complex64)) if im is None else torch.complex(re, im)
+        out = _passes(x.contiguous(), axis, 0, keep, front=False)
         z = (out.real, None if real else out.imag)
     elif axis.matrix is None:
         out = _staged(_complex(z).reshape(length, -1).T, axis, 0, keep)
