@@ -1,30 +1,38 @@
 """The extra terminals (NOS, XD, DNArch) against the operation each replaces: time and memory.
 
-    python benchmarks/extra_terminals.py [--batch 32] [--channels 32] [--size 32] [--repeats 10]
+    python benchmarks/extra_terminals.py [--batch 32] [--channels 32] [--size 32] [--repeats 10] [--quick]
 
 For every row one training step — forward, a mean-square loss, backward — of the terminal's
 module, built through the operation registry exactly as a compiled tree builds it, is measured
 against its baseline on the same input, and printed as ratios measured in the same run
 (absolute times on shared machines mean little):
   - NOS calibrations: a plain 3×3 convolution of the same width (what they are added to);
-  - XD-operations: the convolution they are warm-started at (same k, s, p, width); the XD
-    computes on each axis padded to a power of two (32 + 1 -> 64: four times the pixels),
-    so a 32x32 input is its worst case and 30x30 (-> 32) its best;
+  - XD-operations: a table of their own (the rows of issue 27: 2-d 30x30 and 32x32, stride 1
+    and 2, 1-d 30, 32, 1000 and 1024; k = 3, p = 1, `--channels` kept): the convolution they are
+    warm-started at, and the same convolution computed with `torch.fft.rfftn` on the grid the XD
+    uses (each axis padded to a power of two: 32 + 1 -> 64, so 32x32 is the worst case and 30x30
+    the best), its weights transformed at every step. The target is an XD step at most 2x the
+    FFT convolution's and a peak at most 3x its peak; the script exits 1 where a row misses it.
+    Times there are medians of `--repeats` steps, the three alternating;
   - DNArch terminals: the same operation unmasked (a plain convolution, linear, identity or
     residual stack of the same nominal size).
 
-Time: the fastest of `--repeats` steps, the terminal and its baseline alternating, after a
+Time (other rows): the fastest of `--repeats` steps, the terminal and its baseline alternating, after a
 warm-up step each, on one thread by default (`--threads 0` for torch's choice), for the reasons
 given in benchmarks/compiled_vs_handwritten.py. Memory: the peak bytes torch's CPU allocator
 holds during one step, above what it held before (the same helper as that benchmark). Input:
 `--batch` images of `--channels` × `--size` × `--size`, float32, on the CPU or, with
 `--device cuda`, on the GPU (each step then ends with a synchronisation; memory is the CUDA
-allocator's peak).
+allocator's peak). `--quick`: 3 repeats (the same rows and batch:
+at a smaller batch the FFT convolution's transformed weights dominate its peak, and the memory
+target would be judged on another workload).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +44,7 @@ from compiled_vs_handwritten import peak_bytes
 from torch import nn
 
 from einspace.ops import get_op, list_ops
+from einspace.ops.xd import fourier_sizes
 from einspace.state import FeatureState, Signal
 
 
@@ -96,9 +105,6 @@ ROWS = [
     Row("NOS", "channel_calibrate", {}, conv3x3, "conv 3x3", branches=2),
     Row("NOS", "spatial_calibrate", {}, conv3x3, "conv 3x3", branches=2),
     Row("NOS", "dynamic_calibrate", {"k": 3}, conv3x3, "conv 3x3", branches=2),
-    Row("XD", "xd", {"d": 32, "k": 3, "s": 1, "p": 1}, conv(32, 3), "conv 3x3 (its warm start)"),
-    Row("XD", "xd", {"d": 32, "k": 3, "s": 2, "p": 1}, conv(32, 3, 2), "conv 3x3, stride 2"),
-    Row("XD", "xd", {"d": 32, "k": 4, "s": 4, "p": 0}, conv(32, 4, 4, 0), "conv 4x4, stride 4"),
     Row("DNArch", "dnarch_kernel", {"k": 5, "d": 32}, conv(32, 5), "conv 5x5"),
     Row("DNArch", "dnarch_width", {"d": 32}, conv(32, 1), "conv 1x1 (linear)"),
     Row("DNArch", "dnarch_resolution", {}, lambda state: FourierRoundTrip(), "rfft2 + irfft2"),
@@ -143,6 +149,150 @@ def measure(row: Row, state: FeatureState, batch: int, repeats: int) -> dict[str
     }
 
 
+# ----------------------------------------------------------------------------- XD against the FFT convolution
+
+
+class FFTConv(nn.Module):
+    """The convolution (cross-correlation, zero padding p, stride s) computed with `torch.fft.rfftn`
+    on the grid the XD-operation uses (each axis padded to the power of two `fourier_sizes` gives),
+    its weights transformed at every step: the computation an XD-operation generalises, at its
+    size. The channels mix at each frequency in one batched product."""
+
+    def __init__(self, c_in: int, c_out: int, k: int, spatial: tuple[int, ...], s: int, p: int):
+        super().__init__()
+        self.k, self.s, self.p, self.spatial = k, s, p, spatial
+        self.fourier = fourier_sizes(spatial, k, p)
+        self.out = tuple((size + 2 * p - k) // s + 1 for size in spatial)
+        conv = (nn.Conv1d if len(spatial) == 1 else nn.Conv2d)(c_in, c_out, k)
+        self.weight, self.bias = conv.weight, conv.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dims = tuple(range(-len(self.fourier), 0))
+        axes = zip(self.spatial[::-1], self.fourier[::-1], strict=True)
+        pads = [e for size, n in axes for e in (self.p, n - size - self.p)]
+        x = nn.functional.pad(x, pads)  # x starts at p on each axis, zeros up to n
+        xf = torch.fft.rfftn(x, dim=dims)  # (B, c_in, *f)
+        wf = torch.fft.rfftn(self.weight, s=self.fourier, dim=dims).conj()  # (c_out, c_in, *f)
+        batch, c_in, c_out = xf.shape[0], xf.shape[1], wf.shape[0]
+        # Correlation: Y(f) = X(f) conj(W(f)), summed over the input channels at each frequency, as
+        # one real batched product [Re X, Im X] @ [[Re W, Im W], [-Im W, Re W]] per frequency (torch's
+        # complex bmm runs its backward one frequency at a time on CPU: 5-10x slower).
+        left = xf.reshape(batch, c_in, -1).permute(2, 0, 1)  # (f, B, c_in)
+        left = torch.cat([left.real, left.imag], dim=-1)  # (f, B, 2 c_in)
+        w = wf.reshape(c_out, c_in, -1).permute(2, 1, 0)  # (f, c_in, c_out)
+        right = torch.cat([torch.cat([w.real, w.imag], -1), torch.cat([-w.imag, w.real], -1)], -2)
+        out = torch.bmm(left, right)  # (f, B, 2 c_out)
+        yf = torch.complex(out[..., :c_out], out[..., c_out:]).permute(1, 2, 0)
+        yf = yf.reshape(batch, c_out, *xf.shape[2:])
+        y = torch.fft.irfftn(yf, s=self.fourier, dim=dims)
+        y = y[(..., *(slice(0, (o - 1) * self.s + 1, self.s) for o in self.out))]
+        return y + self.bias.reshape(-1, *[1] * len(self.fourier))
+
+
+@dataclass(frozen=True)
+class XDCase:
+    """One XD row: the spatial input size and the stride (k = 3, p = 1, channels kept)."""
+
+    spatial: tuple[int, ...]
+    s: int
+
+    @property
+    def name(self) -> str:
+        return f"{len(self.spatial)}-D {'x'.join(map(str, self.spatial))}, s{self.s}"
+
+
+#: The rows of issue 27: the best (30 -> 32) and worst (32 -> 64) 2-d sizes, and 1-d axes up to 1024.
+XD_CASES = [
+    XDCase((30, 30), 1),
+    XDCase((30, 30), 2),
+    XDCase((32, 32), 1),
+    XDCase((32, 32), 2),
+    XDCase((30,), 1),
+    XDCase((32,), 1),
+    XDCase((1000,), 1),
+    XDCase((1024,), 1),
+]
+#: The target (issue 27): an XD step at most this many times the FFT convolution's, in time and peak memory.
+TIME_TARGET, MEMORY_TARGET = 2.0, 3.0
+
+
+def measure_xd(case: XDCase, batch: int, channels: int, repeats: int) -> dict[str, float]:
+    """Median step times (forward, loss, backward) of conv, FFT conv and XD, alternating, and the
+    peak bytes torch's allocator holds during one step of each (above what it held before)."""
+    torch.manual_seed(0)
+    device = compiled_vs_handwritten.DEVICE
+    k, p = 3, 1
+    x = torch.randn(batch, channels, *case.spatial, device=device, requires_grad=True)
+    if len(case.spatial) == 1:
+        # XD's 1-d form is col mode, (tokens, features): its input is the same tensor transposed (a view)
+        state = FeatureState((case.spatial[0], channels), "col")
+        plain: nn.Module = nn.Conv1d(channels, channels, k, stride=case.s, padding=p)
+        inputs = {"conv": x, "fft": x, "xd": x.transpose(1, 2)}
+    else:
+        state = FeatureState((channels, *case.spatial), "im")
+        plain = nn.Conv2d(channels, channels, k, stride=case.s, padding=p)
+        inputs = {"conv": x, "fft": x, "xd": x}
+    xd = get_op("xd").build((state,), {"d": channels, "k": k, "s": case.s, "p": p})
+    fft = FFTConv(channels, channels, k, case.spatial, case.s, p)
+    fft.weight, fft.bias = plain.weight, plain.bias
+    modules = {"conv": plain.to(device), "fft": fft.to(device), "xd": xd.to(device)}
+    with torch.no_grad():
+        ref = plain(x)
+        error = ((fft(x) - ref).norm() / ref.norm()).item()
+    if error > 1e-4:
+        raise SystemExit(f"FFT convolution differs from the convolution by {error:.1e} at {case.name}")
+    for name, module in modules.items():
+        training_step(module, inputs[name])
+    memory = {n: peak_bytes(lambda n=n, m=m: training_step(m, inputs[n])) for n, m in modules.items()}
+    times: dict[str, list[float]] = {n: [] for n in modules}
+    order = list(modules)
+    for r in range(repeats):
+        for name in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            training_step(modules[name], inputs[name])
+            times[name].append(time.perf_counter() - start)
+    median = {n: statistics.median(t) for n, t in times.items()}
+    return {
+        "conv_ms": 1e3 * median["conv"],
+        "fft": median["fft"] / median["conv"],
+        "xd": median["xd"] / median["conv"],
+        "xd_fft": median["xd"] / median["fft"],
+        "memory": {n: m / 2**20 for n, m in memory.items()},
+        "memory_ratio": memory["xd"] / max(1, memory["fft"]),
+    }
+
+
+def run_xd(batch: int, channels: int, repeats: int, where: str) -> bool:
+    """The XD table; whether every row meets the target."""
+    print(
+        f"\nXD against the FFT convolution at the same padding: batch {batch}, {channels} -> {channels} "
+        f"channels, k = 3, p = 1, {where}, {torch.get_num_threads()} thread(s), median of {repeats} steps"
+    )
+    header = (
+        f"{'case':<16} {'conv ms':>8} {'FFT/conv':>9} {'XD/conv':>8} {'XD/FFT':>7} "
+        f"{'MiB conv':>9} {'FFT':>6} {'XD':>7} {'mem XD/FFT':>10}  target"
+    )
+    print(header)
+    print("-" * len(header))
+    met = True
+    for case in XD_CASES:
+        m = measure_xd(case, batch, channels, repeats)
+        ok = m["xd_fft"] <= TIME_TARGET and m["memory_ratio"] <= MEMORY_TARGET
+        met &= ok
+        mib = m["memory"]
+        print(
+            f"{case.name:<16} {m['conv_ms']:>8.2f} {m['fft']:>8.2f}x {m['xd']:>7.2f}x {m['xd_fft']:>7.2f} "
+            f"{mib['conv']:>9.1f} {mib['fft']:>6.1f} {mib['xd']:>7.1f} {m['memory_ratio']:>10.2f}  "
+            f"{'met' if ok else 'NOT met'}"
+        )
+    print(
+        f"target: XD step <= {TIME_TARGET:g}x the FFT convolution's and peak memory <= {MEMORY_TARGET:g}x "
+        f"its peak; memory: the peak of the bytes torch's allocator holds during one step, above what it "
+        f"held before; {'met on every row' if met else 'NOT met on every row'}"
+    )
+    return met
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -154,25 +304,33 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's choice)")
     parser.add_argument("--only", nargs="*", help="families or operations to run (default: all)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 repeats: a quicker, noisier run (the same rows and batch)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 3
     compiled_vs_handwritten.DEVICE = torch.device(args.device)
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     if args.threads:
         torch.set_num_threads(args.threads)
     state = FeatureState((args.channels, args.size, args.size), "im")
-    rows = [r for r in ROWS if not args.only or r.family in args.only or r.op in args.only]
+    chosen = lambda family, op: not args.only or family in args.only or op in args.only  # noqa: E731
+    rows = [r for r in ROWS if chosen(r.family, r.op)]
     missing = sorted({r.op for r in rows} - set(list_ops()))
     if missing:
         raise SystemExit(f"operations not registered: {', '.join(missing)}")
-    print(
-        f"extra terminals vs baselines: batch {args.batch}, input {state}, {where}, "
-        f"{torch.get_num_threads()} thread(s), fastest of {args.repeats} steps (forward+backward)"
-    )
-    header = (
-        f"{'family':<7} {'terminal':<28} {'baseline':<26} {'time':>6} {'memory':>7} {'ms':>8} {'params':>9}"
-    )
-    print(header)
-    print("-" * len(header))
+    if rows:
+        print(
+            f"extra terminals vs baselines: batch {args.batch}, input {state}, {where}, "
+            f"{torch.get_num_threads()} thread(s), fastest of {args.repeats} steps (forward+backward)"
+        )
+        header = (
+            f"{'family':<7} {'terminal':<28} {'baseline':<26} {'time':>6} {'memory':>7} {'ms':>8} "
+            f"{'params':>9}"
+        )
+        print(header)
+        print("-" * len(header))
     for row in rows:
         m = measure(row, state, args.batch, args.repeats)
         call = row.op + (f"({', '.join(f'{k}={v}' for k, v in row.args.items())})" if row.args else "")
@@ -180,7 +338,10 @@ def main() -> None:
             f"{row.family:<7} {call:<28} {row.baseline_name:<26} {m['time']:>5.2f}x {m['memory']:>6.2f}x "
             f"{m['ms']:>8.2f} {m['params']:>9,}"
         )
-    print("time, memory: the terminal's step over its baseline's; ms and params: the terminal's own")
+    if rows:
+        print("time, memory: the terminal's step over its baseline's; ms and params: the terminal's own")
+    if chosen("XD", "xd") and not run_xd(args.batch, args.channels, args.repeats, where):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -312,22 +312,20 @@ def _calibrated() -> list[CheckedTree]:
 
 
 def _exportable(checked: CheckedTree) -> bool:
-    return not any(
-        isinstance(n, Terminal) and (n.op.startswith("dnarch") or n.op == "xd") for _, n in walk(checked.tree)
-    )
+    return not any(isinstance(n, Terminal) and n.op.startswith("dnarch") for _, n in walk(checked.tree))
 
 
 @pytest.fixture(scope="module")
 def sampled_export(tmp_path_factory) -> Exported:
-    """Paper grammar samples, mutated seeds, einspace_plus samples (NOS calibrations; DNArch and
-    XD refused) and every calibration: over 250 networks, 100 to a file."""
+    """Paper grammar samples, mutated seeds, einspace_plus samples (NOS calibrations and XD;
+    DNArch refused) and every calibration: over 250 networks, 100 to a file."""
     tmp_path = tmp_path_factory.mktemp("sampled")
     trees = _sampled(PAPER, 110, 0) + _mutants(20)
     plus = _sampled(PLUS, 80, 10_000)
     refused = [t for t in plus if not _exportable(t)]
     assert refused
     for checked in refused[:5]:
-        with pytest.raises(EinspaceError, match=r"export of (dnarch_\w+|xd) is not supported"):
+        with pytest.raises(EinspaceError, match=r"export of dnarch_\w+ is not supported"):
             export_tree(checked, classes=3)
     trees += [t for t in plus if _exportable(t)] + _calibrated()
     assert len(trees) >= 250
@@ -411,7 +409,6 @@ REFUSED = [
         (16, 8, 8),
         "export of dnarch_width is not supported: DNArch",
     ),
-    ("(S (M (C xd(d=16, k=3, s=1, p=1))) (M (C identity)))", (16, 8, 8), "export of xd is not supported: XD"),
     (
         "(S (M (C test_export_plugin)) (M (C identity)))",
         (16, 8, 8),
@@ -421,11 +418,54 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("tree,shape,message", REFUSED, ids=["dnarch", "xd", "plugin"])
+@pytest.mark.parametrize("tree,shape,message", REFUSED, ids=["dnarch", "plugin"])
 def test_terminals_without_a_plain_form_are_refused_by_name(plugin, tree, shape, message):
     with pytest.raises(EinspaceError, match=message) as caught:
         export_tree(parse_tree(tree), input_state(shape), 3)
     assert "(node S > M#0 > C#0 > " in str(caught.value)
+
+
+#: Trees with XD-operations: im mode (2-d, strided, in a residual block beside a convolution) and
+#: col mode (1-d over the tokens), with their inputs.
+XD_TREES = [
+    (arch.network(arch.seq(arch.computation("xd", d=16, k=3, s=2, p=1), arch.act())), (16, 8, 9)),
+    (
+        arch.network(arch.residual(arch.seq(arch.conv(16), arch.computation("xd", d=16, k=3, s=1, p=1)))),
+        (16, 6, 7),
+    ),
+    (arch.network(arch.seq(arch.computation("xd", d=16, k=4, s=4, p=0), arch.identity())), (12, 5)),
+    (arch.network(arch.seq(arch.computation("xd", d=16, k=3, s=1, p=1), arch.identity())), (20, 5)),
+]
+
+
+def test_xd_operations_export_to_plain_torch_with_equal_outputs(tmp_path):
+    """Every parameter random (far from the warm start, where XD is a convolution): the exported
+    class, in a process without einspace, computes what the compiled network does, in float64."""
+    networks, payload, expected = {}, {}, {}
+    generator = torch.Generator().manual_seed(0)
+    for i, (tree, shape) in enumerate(XD_TREES):
+        checked = check_tree(tree, PLUS, input_state(shape))
+        network = compile_network(checked, classes=3).double()
+        with torch.no_grad():
+            for param in network.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator, dtype=param.dtype))
+        name = f"XDTree{i}"
+        networks[name] = network
+        payload[name] = {"input": torch.randn(2, *shape, generator=generator, dtype=torch.float64)}
+        expected[name] = expected_outputs(network, payload[name]["input"])
+    exported = export_networks(networks)
+    assert "class XD(nn.Module)" in exported.source and "channels_last=True" in exported.source
+    for name, state in exported.state_dicts.items():
+        payload[name]["state"] = state
+    path = tmp_path / "xd.py"
+    path.write_text(exported.source)
+    results = run_exported(tmp_path, [path], payload)
+    for name, network in networks.items():
+        assert int(results[name]["params"]) == sum(p.numel() for p in network.parameters())
+        for mode in ("eval", "train"):
+            assert_close(results[name][mode], expected[name][mode], f"{name} {mode}", 1e-9)
+    linted = ruff(path)
+    assert linted.returncode == 0, linted.stdout
 
 
 class _ExportablePlugin(Operation):

@@ -14,7 +14,7 @@ import einspace.ops._xd_modules as xd_module
 from einspace import compile_network
 from einspace.errors import Infeasible
 from einspace.ops import get_op
-from einspace.ops._xd_modules import XDConv, butterfly, butterfly_matrix, dft_twiddles
+from einspace.ops._xd_modules import XDConv, butterfly, butterfly_blocks, butterfly_matrix, dft_twiddles
 from einspace.ops.trainable import architecture_parameters
 from einspace.ops.xd import xd_flops, xd_parameter_count
 from einspace.seeds.architectures import act, computation, network, seq
@@ -64,6 +64,20 @@ def test_dense_matrix_multiplies_out_the_same_factors(n: int):
     assert (butterfly_matrix(dft_twiddles(n), n) - dft).abs().max() < 1e-12
     batched = butterfly_matrix(torch.stack([twiddles, dft_twiddles(n)]), n)
     assert (batched[0] - by_stages).abs().max() < 1e-12 and (batched[1] - dft).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("n", [4, 8, 32, 128, 1024])
+def test_two_pass_blocks_are_the_dense_matrix(n: int):
+    """`butterfly_blocks` regroups the same factors: for any twiddles, the first pass (bit reversal
+    and the first stages, per column of the (m, r) view) then the second (per residue) is the matrix."""
+    twiddles = torch.randn(dft_twiddles(n).shape, dtype=torch.complex128)
+    first, second = butterfly_blocks(twiddles, n)
+    m, r = second.shape[0], first.shape[0]
+    x = torch.randn(3, n, dtype=torch.complex128)
+    u = torch.einsum("cja,lac->lcj", first, x.reshape(3, m, r))
+    y = torch.einsum("jqc,lcj->lqj", second, u).reshape(3, n)
+    dense = butterfly_matrix(twiddles, n)
+    assert ((y - x @ dense.T).abs().max() / dense.abs().max()).item() < 1e-12
 
 
 def test_butterfly_rejects_sizes_that_are_not_powers_of_two():
@@ -127,6 +141,22 @@ def test_stage_by_stage_path_is_the_convolution_too(monkeypatch, k: int, s: int,
     _check_against_conv(k, s, p, dims)
 
 
+@pytest.mark.parametrize("k, s, p, dims", [(3, 1, 1, 2), (3, 2, 1, 1), (4, 4, 0, 1), (8, 8, 0, 2)])
+def test_two_pass_block_path_is_the_convolution_too(monkeypatch, k: int, s: int, p: int, dims: int):
+    monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4)
+    _check_against_conv(k, s, p, dims)
+
+
+def test_long_axis_is_the_convolution_in_float32():
+    """1-d, 1000 points (1024 on the grid) and 1024 (2048, two-pass blocks), float32, warm start."""
+    for length in (1000, 1024):
+        weight, bias = torch.randn(4, 3, 3), torch.randn(4)
+        x = torch.randn(2, 3, length)
+        xd = XDConv.from_conv(weight, bias, 1, 1, (length,))
+        ref = F.conv1d(x, weight, bias, padding=1)
+        assert relative(xd(x), ref) < 1e-5
+
+
 # ----------------------------------------------------------------------------- any parameters
 
 
@@ -170,22 +200,30 @@ def _reference_xd(xd: XDConv, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "spatial, k, s, p, channels_last, dense",
+    "spatial, k, s, p, channels_last, path",
     [
-        ((13,), 3, 1, 1, False, True),
-        ((13,), 3, 2, 1, True, True),
-        ((6, 11), 3, 1, 1, False, True),
-        ((7, 12), 4, 2, 0, False, True),
-        ((6, 11), 3, 2, 1, False, False),
+        ((13,), 3, 1, 1, False, "dense"),
+        ((13,), 3, 2, 1, True, "dense"),
+        ((6, 11), 3, 1, 1, False, "dense"),
+        ((7, 12), 4, 2, 0, False, "dense"),
+        ((6, 11), 3, 2, 1, False, "staged"),
+        ((13,), 3, 1, 1, False, "blocked"),
+        ((13,), 3, 2, 1, True, "blocked"),
+        ((6, 11), 3, 2, 1, False, "blocked"),
+        ((7, 12), 4, 2, 0, False, "blocked"),
     ],
 )
 def test_any_parameters_match_an_independent_complex_computation(
-    monkeypatch, spatial: tuple[int, ...], k: int, s: int, p: int, channels_last: bool, dense: bool
+    monkeypatch, spatial: tuple[int, ...], k: int, s: int, p: int, channels_last: bool, path: str
 ):
     """Every parameter random (far from the warm start): the output and the gradients of the
-    input and of every parameter equal plain complex autograd through the definition."""
-    if not dense:
+    input and of every parameter equal plain complex autograd through the definition (dense
+    per-axis matrices built factor by factor), on every path: dense matrices, two-pass blocks
+    (every axis of 4 points or more), stage by stage."""
+    if path == "staged":
         monkeypatch.setattr(xd_module, "DENSE_MAX", 0)
+    if path == "blocked":
+        monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4)
     xd = XDConv(3, 4, k, spatial, stride=s, padding=p, channels_last=channels_last, dtype=torch.float64)
     with torch.no_grad():
         for param in xd.parameters():

@@ -94,10 +94,7 @@ class XD(UnaryOperation):
 
     name = "xd"
     group = Group.COMPUTATION
-    export_refusal = (
-        "XD-operations learn their Fourier basis (butterfly K-matrices) while training, which plain "
-        "PyTorch layers do not express"
-    )
+    exportable = True  # export writes the operation as a small helper class, `XD`
     arguments = (
         Argument("d", int, _positive, "output channels"),
         Argument("k", int, _positive, "kernel size"),

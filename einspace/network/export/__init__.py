@@ -19,10 +19,11 @@ and renders the source.
 
 Exported tensors are the compiled network's own, reshaped where a layer stores them differently
 (a conv weight [d, C·k·k] as [d, C, k, k]), so the exported module computes what the compiled one
-does with the same weights. NOS calibrations are written as small helper classes. What may be
-exported each operation declares (`Operation.exportable`): DNArch and XD terminals (masks and
-butterflies learnt while training), and plugin operations that do not declare it, are refused
-with the operation named.
+does with the same weights. NOS calibrations and XD-operations are written as small helper classes
+(`XD` computes Real(K diag(C (L w + b)) M x) with its butterflies multiplied out as dense complex
+matrices, from the same parameters). What may be exported each operation declares
+(`Operation.exportable`): DNArch terminals (masks learnt while training), and plugin operations
+that do not declare it, are refused with the operation named.
 """
 
 from __future__ import annotations

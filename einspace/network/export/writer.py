@@ -11,10 +11,11 @@ from torch import nn
 
 from einspace.errors import EinspaceError
 from einspace.network.compiler import Branches, ClassificationHead, Network
-from einspace.network.export.parts import DEPTHWISE, DYNAMIC, Helper, Instance, generator_layer
+from einspace.network.export.parts import DEPTHWISE, DYNAMIC, XD, Helper, Instance, generator_layer
 from einspace.network.lowering import Attention, AttentionHead, BranchLinear, Conv, Folded
 from einspace.ops import _modules
 from einspace.ops._nos_modules import Calibration
+from einspace.ops._xd_modules import XDConv
 
 __all__ = ["Writer"]
 
@@ -305,6 +306,22 @@ def _permute(writer: Writer, scope: Instance, module: _modules.Permute, x: str, 
     return out
 
 
+def _xd(writer: Writer, scope: Instance, module: XDConv, x: str, out: str) -> str:
+    writer.helpers.add(XD)
+    roles = ("length",) if len(module.input_size) == 1 else ("height", "width")
+    slots = (
+        *_conv_slots(
+            module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding
+        ),
+        *zip(roles, module.input_size, strict=True),
+    )
+    last = ", channels_last=True" if module.channels_last else ""
+    template = f"XD({', '.join('{}' for _ in slots)}{last})"
+    layer = scope.add("xd", template, slots, module.state_dict())
+    scope.line(f"{out} = {layer}({x})")
+    return out
+
+
 def _unary_calibration(writer: Writer, scope: Instance, module: Calibration, x: str, out: str) -> str:
     scope.line(f"{out} = {writer.calibration(scope, module, x, x)}")
     return out
@@ -330,6 +347,7 @@ _HANDLERS: dict[type, _Handler] = {
     _modules.Col2Im: _col2im,
     _modules.Permute: _permute,
     Calibration: _unary_calibration,
+    XDConv: _xd,
 }
 
 
