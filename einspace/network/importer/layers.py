@@ -50,6 +50,8 @@ class LayerRules:
             handler = next((h for kinds, h in MODULE_HANDLERS if isinstance(module, kinds)), None)
             if handler is not None:
                 return handler(self, node, module, value)
+            if self.passes_unchanged(node):  # e.g. a stochastic depth: the identity at inference
+                return []
             raise self.fail(node, f"{type(module).__name__} has no counterpart in the grammar")
         target = node.target
         if target is F.leaky_relu:
@@ -62,6 +64,10 @@ class LayerRules:
             return self.softmax(node, dim, value)
         if target is F.dropout:
             return self.dropout(node, node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5))
+        if target is F.unfold:
+            return self.unfold(node)
+        if self.passes_unchanged(node):
+            return []
         if target in _POOL_FUNCTIONS:
             kernel = node.args[1] if len(node.args) > 1 else node.kwargs["kernel_size"]
             stride = node.args[2] if len(node.args) > 2 else node.kwargs.get("stride") or kernel
@@ -85,12 +91,31 @@ class LayerRules:
         return [Piece(arch.softmax(), ())]
 
     def dropout(self, node: fx.Node, p: float) -> list[Piece | Route]:
-        """Left out: exactly so with p = 0 (as models often leave it), else a substitution."""
-        if p:
-            self.substituted(
-                node, f"dropout (p = {p})", "nothing (dropout acts only in training; it is left out)"
-            )
+        """The grammar's dropout of this p where it has one (the same in training too); else left
+        out, as it is the identity at inference (what the import reproduces)."""
+        if p and ("p", float(p)) in {a for args in self.grid.get("dropout", ()) for a in args}:
+            return [Piece(arch.computation("dropout", p=float(p)), ())]
         return []
+
+    def unfold_grid(self, node: fx.Node) -> Any:
+        """The im2col of an `F.unfold(x, k, dilation, padding, stride)`: patches [B, C·k·k, L]."""
+        names = ("input", "kernel_size", "dilation", "padding", "stride")
+        given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+        k, s, p = (square(given.get(n, d)) for n, d in (("kernel_size", 1), ("stride", 1), ("padding", 0)))
+        if square(given.get("dilation", 1)) != 1 or any(
+            isinstance(given.get(n), (tuple, list)) and len(set(given[n])) != 1
+            for n in ("kernel_size", "stride", "padding", "dilation")
+        ):
+            raise self.fail(node, "an unfold with dilation, or unequal sizes along height and width")
+        return self.terminal(node, "im2col", k=k, s=s, p=p)
+
+    def unfold(self, node: fx.Node) -> list[Piece | Route]:
+        """F.unfold read as it is, [B, C·k·k, L]: im2col (tokens [B, L, C·k·k]), then the swap
+        of the two axes. (Followed by a transpose, as export writes it, the swaps cancel.)"""
+        return [
+            Route(self.unfold_grid(node), node),
+            Route(self.terminal(node, "permute", order=(2, 1)), node),
+        ]
 
     def pool(
         self, node: fx.Node, what: str, value: torch.Tensor, kernel: Any, stride: Any, padding: Any

@@ -82,10 +82,19 @@ def flat(pieces: list[Piece], owner: tuple[str, ...] | None = None) -> Piece:
 
 
 def cancel(items: list[Piece | Route]) -> list[Piece | Route]:
-    """Drop col2im followed by image-to-tokens (im2col 1×1): the pair changes nothing."""
+    """Drop col2im followed by image-to-tokens (im2col 1×1), and two permutes in a row that
+    undo each other: such pairs change nothing."""
     out: list[Piece | Route] = []
     for item in items:
         last = out[-1] if out else None
+        if (
+            isinstance(item, Route)
+            and isinstance(last, Route)
+            and item.op.op == last.op.op == "permute"
+            and _undoes(dict(last.op.args)["order"], dict(item.op.args)["order"])
+        ):
+            out.pop()
+            continue
         if (
             isinstance(item, Route)
             and item.op == arch.op("im2col", k=1, s=1, p=0)
@@ -96,6 +105,11 @@ def cancel(items: list[Piece | Route]) -> list[Piece | Route]:
             continue
         out.append(item)
     return out
+
+
+def _undoes(first: tuple[int, ...], second: tuple[int, ...]) -> bool:
+    """Whether permuting by `first`, then by `second`, gives the axes back in their order."""
+    return len(first) == len(second) and all(first[second[i] - 1] == i + 1 for i in range(len(first)))
 
 
 def partner(items: list[Piece | Route], i: int) -> int | None:
