@@ -260,3 +260,233 @@ def test_a_forward_needing_a_second_tensor_is_refused():
 
     with pytest.raises(ModelImportError, match="must take one tensor, not 2"):
         import_model(TwoInputs(), input_state((8, 16)))
+
+
+# ----------------------------------------------------------------------------- the zoo grammar's terminals
+
+ZOO = load_grammar("einspace_zoo")
+
+
+def _reference_depthwise(module: nn.Module, x: torch.Tensor, s: int, p: int) -> torch.Tensor:
+    return F.conv2d(x, module.weight, module.bias, s, p, groups=x.shape[1])
+
+
+#: (operation, arguments, input shape, the plain-torch computation given the module and x,
+#: parameters, FLOPs per sample).
+TERMINALS = [
+    ("relu", {}, (4, 6, 6), lambda m, x: torch.clamp(x, min=0), 0, 144),
+    ("relu6", {}, (4, 6, 6), lambda m, x: torch.clamp(x, 0, 6), 0, 288),
+    ("gelu", {}, (8, 12), lambda m, x: 0.5 * x * (1 + torch.erf(x / 2**0.5)), 0, 768),
+    ("silu", {}, (8, 12), lambda m, x: x * torch.sigmoid(x), 0, 384),
+    ("hardswish", {}, (4, 6, 6), lambda m, x: x * torch.clamp(x + 3, 0, 6) / 6, 0, 576),
+    ("dropout", {"p": 0.5}, (8, 12), lambda m, x: x, 0, 96),
+    ("max_pool", {"k": 3, "s": 2, "p": 1}, (4, 9, 9), lambda m, x: F.max_pool2d(x, 3, 2, 1), 0, 8 * 4 * 25),
+    ("max_pool", {"k": 2, "s": 2, "p": 0}, (4, 8, 8), lambda m, x: F.max_pool2d(x, 2), 0, 3 * 4 * 16),
+    ("avg_pool", {"k": 3, "s": 1, "p": 1}, (4, 5, 7), lambda m, x: F.avg_pool2d(x, 3, 1, 1), 0, 9 * 4 * 35),
+    (
+        "depthwise_conv",
+        {"k": 3, "s": 2, "p": 1},
+        (4, 8, 8),
+        lambda m, x: _reference_depthwise(m, x, 2, 1),
+        4 * 10,
+        19 * 4 * 16,
+    ),
+    (
+        "depthwise_conv",
+        {"k": 7, "s": 1, "p": 3},
+        (3, 8, 8),
+        lambda m, x: _reference_depthwise(m, x, 1, 3),
+        3 * 50,
+        99 * 3 * 64,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name,args,shape,reference,params,flops", TERMINALS, ids=[f"{t[0]}-{i}" for i, t in enumerate(TERMINALS)]
+)
+def test_zoo_terminal_computes_what_plain_torch_does(name, args, shape, reference, params, flops):
+    from einspace.ops import get_op
+
+    op, state = get_op(name), input_state(shape)
+    (out,) = op.transfer((state,), args)
+    module = op.build((state,), args).double().eval()
+    x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        y = module(x)
+        torch.testing.assert_close(y, reference(module, x))
+    assert tuple(y.shape[1:]) == out.shape
+    assert sum(p.numel() for p in module.parameters()) == op.param_count((state,), args) == params
+    assert op.flops((state,), args) == flops
+
+
+def test_dropout_acts_in_training():
+    from einspace.ops import get_op
+
+    module = get_op("dropout").build((input_state((8, 12)),), {"p": 0.5}).train()
+    x = torch.ones(4, 8, 12)
+    y = module(x)
+    assert set(y.unique().tolist()) <= {0.0, 2.0} and 0 < (y == 0).sum() < y.numel()
+
+
+@pytest.mark.parametrize(
+    "name,shape", [("max_pool", (8, 12)), ("depthwise_conv", (8, 12)), ("avg_pool", (4, 2, 2))]
+)
+def test_windows_need_an_image_that_fits(name, shape):
+    from einspace.errors import Infeasible
+    from einspace.ops import get_op
+
+    with pytest.raises(Infeasible):
+        get_op(name).transfer((input_state(shape),), {"k": 3, "s": 2, "p": 0})
+    with pytest.raises(Infeasible, match="more than half"):
+        get_op(name).transfer((input_state((4, 8, 8)),), {"k": 3, "s": 1, "p": 2})
+
+
+CONV16 = "(M (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=16))) (R2 col2im))"
+ZOO_TREES = [
+    f"(S {CONV16} (M (M (C relu)) (M (M (C max_pool(k=3, s=2, p=1))) (M (C dropout(p=0.5))))))",
+    f"(S {CONV16} (M (M (C relu6)) (M (M (C depthwise_conv(k=5, s=2, p=2))) (M (C hardswish)))))",
+    f"(S {CONV16} (M (M (C silu)) (M (C avg_pool(k=2, s=2, p=0)))))",
+    "(S (M (R1 im2col(k=4, s=4, p=0)) (M (C linear(d=32))) (R2 identity)) (M (C gelu)))",
+    "(S (M (R1 im2col(k=7, s=2, p=3)) (M (C linear(d=16))) (R2 col2im)) (M (C relu)))",
+]
+
+
+@pytest.mark.parametrize("text", ZOO_TREES, ids=range(len(ZOO_TREES)))
+def test_zoo_trees_export_and_import_back(text, tmp_path):
+    """Exported: runs with torch alone, computes what the compiled network does (eval); imported
+    back with the zoo grammar: the same tree (up to sequence grouping), the same outputs."""
+    from test_fx_import import sequence_form
+
+    x = input_state((3, 16, 16))
+    tree = parse_tree(text)
+    network = compile_network(tree, x, 10, ZOO).eval()
+    exported = export_tree(tree, x, 10, ZOO, name="Net", network=network)
+    assert "einspace" not in exported.source.replace("einspace (`einspace export`)", "").replace(
+        "einspace is not needed", ""
+    )
+    path = tmp_path / "net.py"
+    path.write_text(exported.source)
+    namespace: dict = {}
+    exec(compile(exported.source, str(path), "exec"), namespace)
+    model = namespace["Net"]()
+    model.load_state_dict(exported.state_dicts["Net"])
+    inputs = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(inputs), network(inputs))
+    imported = import_model(model, x, ZOO)
+    assert imported.substitutions == ()
+    assert to_text(sequence_form(imported.tree)) == to_text(sequence_form(tree))
+    same_outputs(model, imported, ZOO)
+
+
+# ----------------------------------------------------------------------------- models of the zoo's structure
+
+
+class VGGLike(nn.Module):
+    """VGG's pattern: 3×3 convolutions with ReLU, 2×2 max-pools; a dropout before the classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2, 2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=2, stride=2),
+        )
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.classifier = nn.Sequential(nn.Dropout(0.5), nn.Linear(32, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1×1 expansion, 3×3 depthwise, 1×1 projection, BatchNorm and ReLU6,
+    convolutions without bias; a residual where the shape allows."""
+
+    def __init__(self, c: int, expand: int, stride: int):
+        super().__init__()
+        hidden = c * expand
+        self.use_res_connect = stride == 1
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, hidden, 1, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, c, 1, bias=False),
+            nn.BatchNorm2d(c),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.use_res_connect else self.conv(x)
+
+
+class MobileNetLike(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6())
+        self.blocks = nn.Sequential(InvertedResidual(16, 4, 1), InvertedResidual(16, 2, 2))
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(16, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return self.classifier(nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class MixerBlock(nn.Module):
+    """timm's Mixer block: token and channel MLPs with GELU and Dropout(0.0), pre-norm residuals."""
+
+    def __init__(self, tokens: int, width: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.tokens = nn.Sequential(nn.Linear(tokens, 32), nn.GELU(), nn.Dropout(0.0), nn.Linear(32, tokens))
+        self.channels = nn.Sequential(nn.Linear(width, 64), nn.GELU(), nn.Dropout(0.0), nn.Linear(64, width))
+        self.drop_path = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2))
+        return x + self.drop_path(self.channels(self.norm2(x)))
+
+
+class MixerLike(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 4, 4)
+        self.blocks = nn.Sequential(MixerBlock(16, 32), MixerBlock(16, 32))
+        self.norm = nn.LayerNorm(32)
+        self.head_drop = nn.Dropout(0.0)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x).flatten(2).transpose(1, 2))
+        return self.head(self.head_drop(self.norm(x).mean(dim=1)))
+
+
+ZOO_MODELS = [
+    (VGGLike, (3, 16, 16), 0),
+    (MobileNetLike, (3, 16, 16), 16 + (64 + 64 + 16) + (32 + 32 + 16)),
+    (MixerLike, (3, 16, 16), 0),
+]
+
+
+@pytest.mark.parametrize("factory,shape,added", ZOO_MODELS, ids=[m[0].__name__ for m in ZOO_MODELS])
+def test_zoo_models_import_exactly_with_their_weights(factory, shape, added):
+    """No substitution with the zoo grammar, the same outputs with the model's weights; the
+    paper's grammar needs substitutions. (`added`: zero biases of convolutions without one.)"""
+    torch.manual_seed(0)
+    model = factory()
+    x = input_state(shape)
+    imported = import_model(model, x, ZOO)
+    assert imported.substitutions == ()
+    assert imported.classes == 10
+    network = imported.network(ZOO)
+    own = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for p in network.parameters()) == own + added
+    same_outputs(model, imported, ZOO)
+    with pytest.raises(ModelImportError, match="substitute=True"):
+        import_model(model.float(), x, PAPER)

@@ -172,6 +172,17 @@ BUILTIN_OPERATIONS = {
         "spatial_calibrate",
     ),
     "einspace.ops.xd": ("xd",),
+    "einspace.ops.zoo": (
+        "avg_pool",
+        "depthwise_conv",
+        "dropout",
+        "gelu",
+        "hardswish",
+        "max_pool",
+        "relu",
+        "relu6",
+        "silu",
+    ),
 }
 
 #: Every operation by name.

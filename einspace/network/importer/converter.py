@@ -124,7 +124,8 @@ class Converter(LayerRules, JoinRules, TracedModel):
     def _head(self, end: fx.Node) -> tuple[nn.Linear | None, fx.Node]:
         """The paper's head at the end (a linear layer of the mean over space or tokens): its
         linear and the backbone's output; or no head. The mean is checked on the values; what
-        is the identity at inference (dropout, nn.Identity) may stand between."""
+        is the identity at inference (dropout, nn.Identity) may stand between, and is left out
+        after the mean (where the grammar has no place for a dropout)."""
         if end.op != "call_module" or not isinstance(self.modules[end.target], nn.Linear):
             return None, end
         pooled = self.values[end.args[0]]
@@ -133,6 +134,8 @@ class Converter(LayerRules, JoinRules, TracedModel):
         candidates, node = [], end.args[0]
         while isinstance(node, fx.Node) and len(self.inputs(node)) == 1:
             if not (self._head_pool(node) or self.passes_unchanged(node)):
+                break
+            if self.kept_dropout(node) and self.values[node].dim() > 2:  # in the backbone
                 break
             node = self.inputs(node)[0]
             candidates.append(node)

@@ -33,6 +33,23 @@ _ACTIVATION_FUNCTIONS = (torch.relu, torch.tanh, torch.sigmoid) + tuple(
     getattr(F, n) for n in "relu gelu silu elu relu6 hardswish mish".split()
 )
 _ACTIVATION_METHODS = {"relu", "sigmoid", "tanh"}
+#: The activations that the zoo grammar has, by module type and by function or method.
+_ZOO_ACTIVATIONS = {
+    nn.ReLU: "relu",
+    nn.ReLU6: "relu6",
+    nn.GELU: "gelu",
+    nn.SiLU: "silu",
+    nn.Hardswish: "hardswish",
+}
+_ZOO_FUNCTIONS = {
+    F.relu: "relu",
+    torch.relu: "relu",
+    "relu": "relu",
+    F.relu6: "relu6",
+    F.gelu: "gelu",
+    F.silu: "silu",
+    F.hardswish: "hardswish",
+}
 _POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d)
 _POOL_FUNCTIONS = {F.max_pool2d, F.avg_pool2d}
 
@@ -58,12 +75,13 @@ class LayerRules:
             slope = node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01)
             return self.activation(node, slope)
         if target in _ACTIVATION_FUNCTIONS or (node.op == "call_method" and target in _ACTIVATION_METHODS):
-            return self.activation(node, None)
+            exact = target is not F.gelu or node.kwargs.get("approximate", "none") == "none"
+            return self.activation(node, None, _ZOO_FUNCTIONS.get(target) if exact else None)
         if target in (F.softmax, torch.softmax) or (node.op == "call_method" and target == "softmax"):
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
             return self.softmax(node, dim, value)
         if target is F.dropout:
-            return self.dropout(node, node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5))
+            return self.dropout(node, self.dropout_p(node) or 0.0)
         if target is F.unfold:
             return self.unfold(node)
         if self.passes_unchanged(node):
@@ -77,7 +95,12 @@ class LayerRules:
             return self.positional(node, value)
         raise self.fail(node, f"{target_name(target)} has no counterpart in the grammar")
 
-    def activation(self, node: fx.Node, slope: float | None) -> list[Piece | Route]:
+    def activation(self, node: fx.Node, slope: float | None, name: str | None = None) -> list[Piece | Route]:
+        """The grammar's operation `name` (relu, gelu, ...) where it has it; leaky ReLU as it is,
+        or as the substitute of any other."""
+        if name is not None and name in self.grid:
+            self.terminal(node, name)
+            return [Piece(arch.computation(name), ())]
         if slope != 0.01:
             what = f"leaky ReLU with slope {slope}" if slope is not None else self.short(node)
             self.substituted(node, what, "leaky_relu (slope 0.01), the grammar's activation")
@@ -90,10 +113,23 @@ class LayerRules:
         self.terminal(node, "softmax")
         return [Piece(arch.softmax(), ())]
 
+    def dropout_p(self, node: fx.Node) -> float | None:
+        """The p of a dropout (module or function); None for anything else."""
+        if node.op == "call_module" and isinstance(self.modules[node.target], nn.Dropout):
+            return float(self.modules[node.target].p)
+        if node.target is F.dropout:
+            return float(node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5))
+        return None
+
+    def kept_dropout(self, node: fx.Node) -> bool:
+        """Whether `node` is a dropout that the grammar has (imported as it is, not left out)."""
+        p = self.dropout_p(node)
+        return bool(p) and ("p", p) in {a for args in self.grid.get("dropout", ()) for a in args}
+
     def dropout(self, node: fx.Node, p: float) -> list[Piece | Route]:
         """The grammar's dropout of this p where it has one (the same in training too); else left
         out, as it is the identity at inference (what the import reproduces)."""
-        if p and ("p", float(p)) in {a for args in self.grid.get("dropout", ()) for a in args}:
+        if self.kept_dropout(node):
             return [Piece(arch.computation("dropout", p=float(p)), ())]
         return []
 
@@ -127,6 +163,16 @@ class LayerRules:
         k, s, p = (square(v) for v in (kernel, stride, padding))
         grid = self._conv_substitute(node, value, k, s, p, out)
         d = self._width(node, channels, "the pooled channels")
+        name = "max_pool" if "max" in what.lower() else "avg_pool"
+        module = self.modules.get(node.target) if node.op == "call_module" else None
+        plain = module is None or (
+            not module.ceil_mode
+            and getattr(module, "dilation", 1) in (1, (1, 1))
+            and getattr(module, "count_include_pad", True)
+            and getattr(module, "divisor_override", None) is None
+        )
+        if plain and (("k", k), ("s", s), ("p", p)) in self.grid.get(name, ()):
+            return [Piece(arch.computation(name, k=k, s=s, p=p), ())]
         described = f"{what} (kernel {k}, stride {s}, padding {p})"
         self.substituted(node, described, f"{self._conv_text(grid, d)}, with new weights")
         return self._conv_items(node, grid, d, None)
@@ -157,6 +203,24 @@ class LayerRules:
             and isinstance(p, tuple)
             and p[0] == p[1]
         )
+        depthwise = module.groups == module.in_channels == module.out_channels > 1
+        square_ksp = (("k", k[0]), ("s", s[0]), ("p", p[0])) if isinstance(p, tuple) else None
+        if (
+            depthwise
+            and module.dilation == (1, 1)
+            and module.padding_mode == "zeros"
+            and k[0] == k[1]
+            and s[0] == s[1]
+            and square_ksp is not None
+            and p[0] == p[1]
+            and square_ksp in self.grid.get("depthwise_conv", ())
+        ):
+            return [
+                Piece(
+                    arch.computation("depthwise_conv", k=k[0], s=s[0], p=p[0]),
+                    (linear_entry(module.weight, module.bias),),
+                )
+            ]
         if exact and (("k", k[0]), ("s", s[0]), ("p", p[0])) in self.grid.get("im2col", ()):
             d = self._width(node, module.out_channels, "the output channels")
             weight = module.weight.reshape(module.out_channels, -1)
@@ -259,7 +323,14 @@ MODULE_HANDLERS: tuple[tuple[type | tuple[type, ...], Callable[..., list[Piece |
     (nn.BatchNorm2d, LayerRules.batch_norm),
     (nn.LayerNorm, LayerRules.layer_norm),
     (nn.LeakyReLU, lambda self, node, module, value: self.activation(node, module.negative_slope)),
-    (_ACTIVATION_MODULES, lambda self, node, module, value: self.activation(node, None)),
+    (
+        _ACTIVATION_MODULES,
+        lambda self, node, module, value: self.activation(
+            node,
+            None,
+            None if getattr(module, "approximate", "none") != "none" else _ZOO_ACTIVATIONS.get(type(module)),
+        ),
+    ),
     (nn.Softmax, lambda self, node, module, value: self.softmax(node, module.dim, value)),
     (nn.Dropout, lambda self, node, module, value: self.dropout(node, module.p)),
     (
