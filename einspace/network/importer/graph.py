@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
 from einspace.errors import EinspaceError, caret_context
@@ -247,15 +248,25 @@ class TracedModel:
         return idom
 
     def passes_unchanged(self, node: fx.Node) -> bool:
-        """Whether `node` is the identity at inference: one input, no weights of its own, and
-        (in eval mode, on the example input) its value is its input's, unchanged (a dropout,
-        nn.Identity, a stochastic depth, `x * 1.0`)."""
+        """Whether `node` is the identity at inference: a dropout, nn.Identity, a product or
+        quotient by 1, or a call of the model's own code (not torch's: a torch operation is read
+        for what it is) without weights whose value is its input's on the example input, in
+        eval mode (a stochastic depth, whose code reads `self.training`, or torchvision's
+        fx-wrapped `stochastic_depth`)."""
         inputs = self.inputs(node)
         if len(inputs) != 1 or node.op not in ("call_module", "call_function", "call_method"):
             return False
-        if node.op == "call_module" and any(True for _ in self.modules[node.target].parameters()):
-            return False
-        if any(isinstance(c, torch.Tensor) and c.requires_grad for c in self.constants(node)):
+        if node.op == "call_module":
+            module = self.modules[node.target]
+            if isinstance(module, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout, nn.Identity)):
+                return True
+            if any(True for _ in module.parameters()) or type(module).__module__.startswith("torch."):
+                return False
+        elif node.target in (F.dropout, F.dropout1d, F.dropout2d, F.alpha_dropout):
+            return True
+        elif node.target in (operator.mul, operator.truediv) or node.target in ("mul", "div"):
+            return self.constants(node) == [1] or self.constants(node) == [1.0]
+        elif node.op == "call_method" or str(getattr(node.target, "__module__", "torch")).startswith("torch"):
             return False
         before, after = self.values[inputs[0]], self.values.get(node)
         return (

@@ -156,26 +156,45 @@ class LayerRules:
     def pool(
         self, node: fx.Node, what: str, value: torch.Tensor, kernel: Any, stride: Any, padding: Any
     ) -> list[Piece | Route]:
-        """A pooling layer becomes a convolution of the same output size (the paper's ResNet seed
-        replaces the max-pool by a 3×3 stride-2 convolution), with fresh weights."""
+        """The grammar's max_pool or avg_pool of these (k, s, p) where it has one; else a
+        convolution of the same output size (the paper's ResNet seed replaces the max-pool by a
+        3×3 stride-2 convolution), with fresh weights."""
         channels = value.shape[1]
         out = self.values[node].shape[2:]
         k, s, p = (square(v) for v in (kernel, stride, padding))
+        name = "max_pool" if "max" in what.lower() else "avg_pool"
+        if self._plain_pool(node, kernel, stride, padding) and (
+            ("k", k),
+            ("s", s),
+            ("p", p),
+        ) in self.grid.get(name, ()):
+            self.terminal(node, name, k=k, s=s, p=p)
+            return [Piece(arch.computation(name, k=k, s=s, p=p), ())]
         grid = self._conv_substitute(node, value, k, s, p, out)
         d = self._width(node, channels, "the pooled channels")
-        name = "max_pool" if "max" in what.lower() else "avg_pool"
-        module = self.modules.get(node.target) if node.op == "call_module" else None
-        plain = module is None or (
-            not module.ceil_mode
-            and getattr(module, "dilation", 1) in (1, (1, 1))
-            and getattr(module, "count_include_pad", True)
-            and getattr(module, "divisor_override", None) is None
-        )
-        if plain and (("k", k), ("s", s), ("p", p)) in self.grid.get(name, ()):
-            return [Piece(arch.computation(name, k=k, s=s, p=p), ())]
         described = f"{what} (kernel {k}, stride {s}, padding {p})"
         self.substituted(node, described, f"{self._conv_text(grid, d)}, with new weights")
         return self._conv_items(node, grid, d, None)
+
+    def _plain_pool(self, node: fx.Node, *sizes: Any) -> bool:
+        """Square, no dilation, no ceil mode, padding counted in the mean: as the grammar's pools."""
+        if any(isinstance(v, (tuple, list)) and len(set(v)) != 1 for v in sizes):
+            return False
+        if node.op == "call_module":
+            module = self.modules[node.target]
+            options = {n: getattr(module, n, None) for n in ("dilation", "ceil_mode", "count_include_pad")}
+            options["divisor_override"] = getattr(module, "divisor_override", None)
+        else:
+            options = dict(node.kwargs)
+            if len(node.args) > 4:
+                return False
+        return (
+            options.get("dilation") in (None, 1, (1, 1))
+            and not options.get("ceil_mode")
+            and options.get("count_include_pad") in (None, True)
+            and options.get("divisor_override") is None
+            and not options.get("return_indices")
+        )
 
     def positional(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
         """x + a learnt tensor of x's shape (or with a leading 1): a positional encoding."""
