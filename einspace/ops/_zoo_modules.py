@@ -3,10 +3,22 @@ convolution of its own type (export and import recognise modules by type)."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.nn import GELU, AvgPool2d, Dropout, Hardswish, MaxPool2d, ReLU, ReLU6, SiLU
 
-__all__ = ["GELU", "AvgPool2d", "DepthwiseConv", "Dropout", "Hardswish", "MaxPool2d", "ReLU", "ReLU6", "SiLU"]
+__all__ = [
+    "GELU",
+    "AvgPool2d",
+    "DepthwiseConv",
+    "Dropout",
+    "Hardswish",
+    "LayerScale",
+    "MaxPool2d",
+    "ReLU",
+    "ReLU6",
+    "SiLU",
+]
 
 
 class DepthwiseConv(nn.Conv2d):
@@ -14,3 +26,18 @@ class DepthwiseConv(nn.Conv2d):
 
     def __init__(self, channels: int, k: int, s: int, p: int):
         super().__init__(channels, channels, k, s, p, groups=channels)
+
+
+class LayerScale(nn.Module):
+    """x times a learnt scale per feature: `weight` [C, 1, 1] over an image's channels, [D] over
+    the last axis of tokens; initialised at 0.1."""
+
+    def __init__(self, features: int, image: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((features, 1, 1) if image else (features,), 0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+    def extra_repr(self) -> str:
+        return f"shape={tuple(self.weight.shape)}"

@@ -178,6 +178,7 @@ BUILTIN_OPERATIONS = {
         "dropout",
         "gelu",
         "hardswish",
+        "layer_scale",
         "max_pool",
         "relu",
         "relu6",

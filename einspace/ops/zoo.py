@@ -1,13 +1,14 @@
 """The terminals of the architectures people use (issue 25), for the `einspace_zoo` grammar:
-activations, dropout, max and average pooling, depthwise convolution.
+activations, dropout, max and average pooling, depthwise convolution, layer scale.
 
 Shapes exclude the batch axis; FLOPs are per sample with a multiply-add counted as 2 (as in
 `core`). Per element: ReLU 1, ReLU6 2 (two clamps), SiLU 4 (x·σ(x): exponent, sum, divide,
 product), Hardswish 4 (add, clamp twice, product and divide counted as 4), GELU 8 (the erf form:
 a rational approximation of erf and the product), dropout 1 (the mask's product, in training).
-Pooling: max (k²−1) comparisons and average k² operations (k²−1 sums, one division) per output
-element. Depthwise convolution (C → C, one k×k filter per channel, with a bias): (2·k² + 1) per
-output element, C·k² + C parameters.
+Layer scale: a learnt scale per feature (channels in im mode, the last axis in col mode), 1 FLOP
+per element, a parameter per feature. Pooling: max (k²−1) comparisons and average k² operations
+(k²−1 sums, one division) per output element. Depthwise convolution (C → C, one k×k filter per
+channel, with a bias): (2·k² + 1) per output element, C·k² + C parameters.
 
 The shape rules are here, without torch; the modules are in `einspace.ops._zoo_modules`.
 """
@@ -173,3 +174,28 @@ class DepthwiseConv(_Window):
 
     def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
         return (2 * args["k"] ** 2 + 1) * _numel(self.apply(state, args))
+
+
+# ---------------------------------------------------------------- layer scale
+
+
+def _features(state: FeatureState) -> int:
+    return state.shape[-1] if state.mode != IM else state.shape[0]
+
+
+@register_op
+class LayerScale(UnaryOperation):
+    """x times a learnt scale per feature (CaiT, ConvNeXt: `x * gamma`), initialised at 0.1."""
+
+    name = "layer_scale"
+    group = Group.COMPUTATION
+    exportable = True
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.LayerScale(_features(state), image=state.mode == IM)
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return _features(state)
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return _numel(state)

@@ -340,6 +340,18 @@ def _depthwise(writer: Writer, scope: Instance, module: nn.Conv2d, x: str, out: 
     return out
 
 
+def _layer_scale(writer: Writer, scope: Instance, module: _zoo_modules.LayerScale, x: str, out: str) -> str:
+    shape = tuple(module.weight.shape)
+    template = (
+        "nn.Parameter(torch.full(({}, 1, 1), 0.1))"
+        if len(shape) == 3
+        else "nn.Parameter(torch.full(({},), 0.1))"
+    )
+    scale = scope.add("scale", template, (("features", shape[0]),), {"": module.weight})
+    scope.line(f"{out} = {x} * {scale}")
+    return out
+
+
 def _unary_calibration(writer: Writer, scope: Instance, module: Calibration, x: str, out: str) -> str:
     scope.line(f"{out} = {writer.calibration(scope, module, x, x)}")
     return out
@@ -370,6 +382,7 @@ _HANDLERS: dict[type, _Handler] = {
     _zoo_modules.MaxPool2d: _pool,
     _zoo_modules.AvgPool2d: _pool,
     _zoo_modules.DepthwiseConv: _depthwise,
+    _zoo_modules.LayerScale: _layer_scale,
 }
 
 

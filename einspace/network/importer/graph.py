@@ -265,7 +265,8 @@ class TracedModel:
         elif node.target in (F.dropout, F.dropout1d, F.dropout2d, F.alpha_dropout):
             return True
         elif node.target in (operator.mul, operator.truediv) or node.target in ("mul", "div"):
-            return self.constants(node) == [1] or self.constants(node) == [1.0]
+            constants = self.constants(node)
+            return len(constants) == 1 and isinstance(constants[0], (int, float)) and constants[0] == 1
         elif node.op == "call_method" or str(getattr(node.target, "__module__", "torch")).startswith("torch"):
             return False
         before, after = self.values[inputs[0]], self.values.get(node)

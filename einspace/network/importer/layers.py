@@ -93,6 +93,8 @@ class LayerRules:
             return self.pool(node, target_name(target), value, kernel, stride, padding)
         if target in (operator.add, torch.add) or (node.op == "call_method" and target == "add"):
             return self.positional(node, value)
+        if target in (operator.mul, torch.mul) or (node.op == "call_method" and target in ("mul", "mul_")):
+            return self.layer_scale(node, value)
         raise self.fail(node, f"{target_name(target)} has no counterpart in the grammar")
 
     def activation(self, node: fx.Node, slope: float | None, name: str | None = None) -> list[Piece | Route]:
@@ -195,6 +197,23 @@ class LayerRules:
             and options.get("divisor_override") is None
             and not options.get("return_indices")
         )
+
+    def layer_scale(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
+        """x times a learnt scale per feature (channels of an image, last axis of tokens)."""
+        constants = [c for c in self.constants(node) if isinstance(c, torch.Tensor)]
+        features = value.shape[1] if value.dim() == 4 else value.shape[-1]
+        shapes = (
+            [(features, 1, 1), (1, features, 1, 1)] if value.dim() == 4 else [(features,), (1, 1, features)]
+        )
+        if len(constants) != 1 or tuple(constants[0].shape) not in shapes or len(self.constants(node)) != 1:
+            raise self.fail(
+                node,
+                "a product with a constant is in the grammar only as a learnt scale per feature "
+                "(layer scale)",
+            )
+        self.terminal(node, "layer_scale")
+        weight = constants[0].detach().reshape(shapes[0]).clone()
+        return [Piece(arch.computation("layer_scale"), ({"weight": weight},))]
 
     def positional(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
         """x + a learnt tensor of x's shape (or with a leading 1): a positional encoding."""
