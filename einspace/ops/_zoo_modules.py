@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn import GELU, AvgPool2d, Dropout, Hardswish, MaxPool2d, ReLU, ReLU6, SiLU
 
 __all__ = [
+    "ChannelNorm",
     "GELU",
     "AvgPool2d",
     "DepthwiseConv",
@@ -41,3 +42,14 @@ class LayerScale(nn.Module):
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.weight.shape)}"
+
+
+class ChannelNorm(nn.LayerNorm):
+    """LayerNorm over the channels of [B, C, H, W] at each position (eps 1e-6): nn.LayerNorm's
+    parameters, applied channels-last."""
+
+    def __init__(self, channels: int):
+        super().__init__(channels, eps=1e-6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)

@@ -174,6 +174,7 @@ BUILTIN_OPERATIONS = {
     "einspace.ops.xd": ("xd",),
     "einspace.ops.zoo": (
         "avg_pool",
+        "channel_norm",
         "depthwise_conv",
         "dropout",
         "gelu",

@@ -199,3 +199,33 @@ class LayerScale(UnaryOperation):
 
     def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
         return _numel(state)
+
+
+# ---------------------------------------------------------------- layer norm over an image's channels
+
+
+@register_op
+class ChannelNorm(UnaryOperation):
+    """LayerNorm over the channels at each position of an image (ConvNeXt's LayerNorm2d, eps
+    1e-6), im mode only. Params: 2·C (scale, shift). FLOPs ≈ 4·numel, as `norm`."""
+
+    name = "channel_norm"
+    group = Group.COMPUTATION
+    exportable = True
+
+    def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
+        if state.mode != IM:
+            raise infeasible(f"channel_norm needs im mode, got {state}")
+        return state
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.ChannelNorm(state.shape[0])
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return 2 * state.shape[0]
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return 4 * _numel(state)
+
+    def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
+        return (mode, 1) if b == 1 and mode == IM else None

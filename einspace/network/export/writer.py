@@ -352,6 +352,13 @@ def _layer_scale(writer: Writer, scope: Instance, module: _zoo_modules.LayerScal
     return out
 
 
+def _channel_norm(writer: Writer, scope: Instance, module: _zoo_modules.ChannelNorm, x: str, out: str) -> str:
+    slots = (("channels", module.normalized_shape[0]),)
+    layer = scope.add("norm", "nn.LayerNorm({}, eps=1e-06)", slots, module.state_dict())
+    scope.line(f"{out} = {layer}({x}.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)")
+    return out
+
+
 def _unary_calibration(writer: Writer, scope: Instance, module: Calibration, x: str, out: str) -> str:
     scope.line(f"{out} = {writer.calibration(scope, module, x, x)}")
     return out
@@ -383,6 +390,7 @@ _HANDLERS: dict[type, _Handler] = {
     _zoo_modules.AvgPool2d: _pool,
     _zoo_modules.DepthwiseConv: _depthwise,
     _zoo_modules.LayerScale: _layer_scale,
+    _zoo_modules.ChannelNorm: _channel_norm,
 }
 
 

@@ -226,8 +226,14 @@ class Converter(LayerRules, JoinRules, TracedModel):
             return [Route(self.terminal(run[-1], "im2col", k=1, s=1, p=0), run[-1])]
         if rank == 3 and index.dim() == 4 and index.shape[2] * index.shape[3] == base.shape[1]:
             image = base.transpose(1, 2).unflatten(2, tuple(index.shape[2:]))
-            if torch.equal(index, image):
-                return [Route(self.terminal(run[-1], "col2im"), run[-1])]
+            for order in itertools.permutations(range(1, 4)):  # col2im, then a permute
+                if index.shape == image.permute(0, *order).shape and torch.equal(
+                    index, image.permute(0, *order)
+                ):
+                    routes = [Route(self.terminal(run[-1], "col2im"), run[-1])]
+                    if order != (1, 2, 3):
+                        routes.append(Route(self.terminal(run[-1], "permute", order=order), run[-1]))
+                    return routes
         raise self.fail(
             run[-1],
             f"this reshape ({tuple(base.shape)} to {tuple(index.shape)}) is not a routing of the grammar: "
@@ -241,6 +247,13 @@ class Converter(LayerRules, JoinRules, TracedModel):
         image-to-tokens routing right after a col2im cancels it), a permute with the next one;
         an unpaired route wraps its neighbour, with identity on the other side."""
         items = cancel(items)
+        for item in items:
+            if isinstance(item, Piece) and item.channels_last is not None:
+                raise self.fail(
+                    item.channels_last,
+                    "a layer norm over the last axis of an image is the grammar's channel_norm only "
+                    "between x.permute(0, 2, 3, 1) and the permute back",
+                )
         out: list[Piece] = []
         i = 0
         while i < len(items):

@@ -84,6 +84,13 @@ class LayerRules:
             return self.dropout(node, self.dropout_p(node) or 0.0)
         if target is F.unfold:
             return self.unfold(node)
+        if target is F.layer_norm and value.dim() == 4 and "channel_norm" in self.grid:
+            names = ("input", "normalized_shape", "weight", "bias", "eps")
+            given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+            weight, bias = (self.values.get(given.get(n)) for n in ("weight", "bias"))
+            return self.channel_norm(
+                node, given["normalized_shape"], weight, bias, given.get("eps", 1e-5), value
+            )
         if self.passes_unchanged(node):
             return []
         if target in _POOL_FUNCTIONS:
@@ -344,6 +351,10 @@ class LayerRules:
 
     def layer_norm(self, node: fx.Node, module: nn.LayerNorm, value: torch.Tensor) -> list[Piece | Route]:
         self.use(node)
+        if value.dim() == 4 and "channel_norm" in self.grid:
+            return self.channel_norm(
+                node, module.normalized_shape, module.weight, module.bias, module.eps, value
+            )
         if value.dim() != 3 or module.normalized_shape != (value.shape[-1],) or not module.elementwise_affine:
             raise self.fail(
                 node, "the grammar's norm in col mode is a LayerNorm over the last axis of [B, S, D]"
@@ -353,6 +364,25 @@ class LayerRules:
         self.terminal(node, "norm")
         entry = linear_entry(module.weight, module.bias)
         return [Piece(arch.norm(), (entry,))]
+
+    def channel_norm(
+        self,
+        node: fx.Node,
+        shape: Any,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        eps: float,
+        value: torch.Tensor,
+    ) -> list[Piece | Route]:
+        """A layer norm over the last axis of a channels-last image [B, H, W, C]: the grammar's
+        channel_norm, once the permutes around it are found (`pieces.cancel`)."""
+        if tuple(shape) != (value.shape[-1],) or weight is None or bias is None:
+            raise self.fail(node, "the grammar's channel_norm is a LayerNorm with weights over the channels")
+        if eps != 1e-6:
+            self.substituted(node, f"a layer norm over channels with eps {eps}", "channel_norm (eps 1e-6)")
+        self.terminal(node, "channel_norm")
+        piece = Piece(arch.computation("channel_norm"), (linear_entry(weight, bias),), channels_last=node)
+        return [piece]
 
 
 MODULE_HANDLERS: tuple[tuple[type | tuple[type, ...], Callable[..., list[Piece | Route]]], ...] = (
