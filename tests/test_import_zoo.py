@@ -665,3 +665,19 @@ def test_a_channels_last_norm_without_the_permute_back_is_located():
         import_model(model, input_state((4, 8, 8)), ZOO)
     with pytest.raises(ModelImportError, match="channel_norm only between"):
         import_model(nn.Sequential(nn.LayerNorm(8)), input_state((4, 8, 8)), ZOO)
+
+
+@pytest.mark.parametrize("mode", ["im", "col"])
+def test_the_zoo_grammar_is_consistent_and_offers_its_terminals(mode):
+    """ρ < 1 in both modes (`einspace check`), and every new terminal somewhere in the grammar,
+    with the paper's terminals keeping most of C's mass."""
+    from einspace.grammar.analysis import analyse
+    from einspace.network.importer.converter import grammar_grid
+
+    assert analyse(ZOO, mode).consistent and analyse(ZOO, mode).spectral_radius < 1
+    new = {"relu", "relu6", "gelu", "silu", "hardswish", "dropout", "max_pool", "avg_pool"}
+    new |= {"depthwise_conv", "layer_scale", "channel_norm"}
+    assert new <= set(grammar_grid(ZOO))
+    (rule,) = [r for r in ZOO.rules if r.symbol == "C"]
+    added = sum(a.probability for a in rule.alternatives if a.items[0].name in new)
+    assert 0.1 < added < 0.25
