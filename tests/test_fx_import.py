@@ -372,7 +372,6 @@ BAD_MODELS = [
         False,
         ["width 100 (the output features)", "width 128"],
     ),
-    (Lambda(lambda m, x: F.dropout(x, 0.1)), TOKENS, False, ["dropout", "left out"]),
     (Lambda(lambda m, x: (x, x)), TOKENS, False, ["the model must return one tensor"]),
     (
         Lambda(lambda m, x: F.scaled_dot_product_attention(x, x, x, is_causal=True)),

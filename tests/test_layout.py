@@ -35,6 +35,7 @@ TORCH_SIDE = (
     "einspace.ops.trainable",
     "einspace.ops.verify",
     "einspace.ops._xd_modules",
+    "einspace.ops._zoo_modules",
     "einspace.evaluators",
 )
 

@@ -72,6 +72,9 @@ CASES = [
     ("einspace_plus", (3, 32, 32)),
     ("einspace_plus", (16, 24, 20)),
     ("einspace_plus", (3, 40, 48)),
+    # the terminals of the architectures people use (pooling, depthwise convolution, activations)
+    ("einspace_zoo", (3, 32, 32)),
+    ("einspace_zoo", (8, 40, 48)),
 ]
 CASE_IDS = [f"{g}-{'x'.join(map(str, s))}" for g, s in CASES]
 

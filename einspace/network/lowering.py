@@ -45,6 +45,7 @@ __all__ = [
     "lowered_kernels",
 ]
 
+
 class Folded(nn.Module):
     """A slot whose operation a neighbouring kernel performs: passes its input on, holds nothing."""
 

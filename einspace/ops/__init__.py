@@ -8,8 +8,8 @@ The life of an operation, for plugin authors: where each stage of it lives.
    only this, so the module that defines it imports no torch. (Built-in operations are listed
    in `registry.BUILTIN_OPERATIONS`, so a look-up imports only the module defining the name.)
 2. Module. `build` returns the torch module. The built-in modules live on the torch side
-   (`_modules` for `core`, `_nos_modules`, `_dnarch_modules`, `_xd_modules`), reached through
-   `torch_side`, which imports them at the first build. The later stages recognise an
+   (`_modules` for `core`, `_nos_modules`, `_dnarch_modules`, `_xd_modules`, `_zoo_modules`),
+   reached through `torch_side`, which imports them at the first build. The later stages recognise an
    operation by its module's type, so every operation whose tensor work is its own builds a
    module class of its own (`col2im` a `Col2Im`, `permute` a `Permute` that keeps its order),
    never a generic module configured by a string.

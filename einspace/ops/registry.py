@@ -172,6 +172,19 @@ BUILTIN_OPERATIONS = {
         "spatial_calibrate",
     ),
     "einspace.ops.xd": ("xd",),
+    "einspace.ops.zoo": (
+        "avg_pool",
+        "channel_norm",
+        "depthwise_conv",
+        "dropout",
+        "gelu",
+        "hardswish",
+        "layer_scale",
+        "max_pool",
+        "relu",
+        "relu6",
+        "silu",
+    ),
 }
 
 #: Every operation by name.

@@ -13,7 +13,7 @@ from einspace.errors import EinspaceError
 from einspace.network.compiler import Branches, ClassificationHead, Network
 from einspace.network.export.parts import DEPTHWISE, DYNAMIC, XD, Helper, Instance, generator_layer
 from einspace.network.lowering import Attention, AttentionHead, BranchLinear, Conv, Folded
-from einspace.ops import _modules
+from einspace.ops import _modules, _zoo_modules
 from einspace.ops._nos_modules import Calibration
 from einspace.ops._xd_modules import XDConv
 
@@ -322,6 +322,60 @@ def _xd(writer: Writer, scope: Instance, module: XDConv, x: str, out: str) -> st
     return out
 
 
+#: Activations of the zoo grammar, as the functional call each is written as.
+_ACTIVATIONS = {
+    _zoo_modules.ReLU: "F.relu({})",
+    _zoo_modules.ReLU6: "F.relu6({})",
+    _zoo_modules.GELU: "F.gelu({})",
+    _zoo_modules.SiLU: "F.silu({})",
+    _zoo_modules.Hardswish: "F.hardswish({})",
+}
+
+
+def _activation(writer: Writer, scope: Instance, module: nn.Module, x: str, out: str) -> str:
+    scope.line(f"{out} = {_ACTIVATIONS[type(module)].format(x)}")
+    return out
+
+
+def _dropout(writer: Writer, scope: Instance, module: nn.Dropout, x: str, out: str) -> str:
+    scope.line(f"{out} = F.dropout({x}, {module.p!r}, self.training)")
+    return out
+
+
+def _pool(writer: Writer, scope: Instance, module: nn.Module, x: str, out: str) -> str:
+    kind = "max_pool2d" if isinstance(module, nn.MaxPool2d) else "avg_pool2d"
+    scope.line(f"{out} = F.{kind}({x}, {module.kernel_size}, {module.stride}, {module.padding})")
+    return out
+
+
+def _depthwise(writer: Writer, scope: Instance, module: nn.Conv2d, x: str, out: str) -> str:
+    c, (k,), (s,), (p,) = module.in_channels, module.kernel_size[:1], module.stride[:1], module.padding[:1]
+    slots = (("channels", c), ("kernel_size", k), ("stride", s), ("padding", p))
+    template = "nn.Conv2d({0}, {0}, {1}, {2}, {3}, groups={0})"
+    conv = scope.add("depthwise", template, slots, module.state_dict())
+    scope.line(f"{out} = {conv}({x})")
+    return out
+
+
+def _layer_scale(writer: Writer, scope: Instance, module: _zoo_modules.LayerScale, x: str, out: str) -> str:
+    shape = tuple(module.weight.shape)
+    template = (
+        "nn.Parameter(torch.full(({}, 1, 1), 0.1))"
+        if len(shape) == 3
+        else "nn.Parameter(torch.full(({},), 0.1))"
+    )
+    scale = scope.add("scale", template, (("features", shape[0]),), {"": module.weight})
+    scope.line(f"{out} = {x} * {scale}")
+    return out
+
+
+def _channel_norm(writer: Writer, scope: Instance, module: _zoo_modules.ChannelNorm, x: str, out: str) -> str:
+    slots = (("channels", module.normalized_shape[0]),)
+    layer = scope.add("norm", "nn.LayerNorm({}, eps=1e-06)", slots, module.state_dict())
+    scope.line(f"{out} = {layer}({x}.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)")
+    return out
+
+
 def _unary_calibration(writer: Writer, scope: Instance, module: Calibration, x: str, out: str) -> str:
     scope.line(f"{out} = {writer.calibration(scope, module, x, x)}")
     return out
@@ -348,6 +402,13 @@ _HANDLERS: dict[type, _Handler] = {
     _modules.Permute: _permute,
     Calibration: _unary_calibration,
     XDConv: _xd,
+    **dict.fromkeys(_ACTIVATIONS, _activation),
+    _zoo_modules.Dropout: _dropout,
+    _zoo_modules.MaxPool2d: _pool,
+    _zoo_modules.AvgPool2d: _pool,
+    _zoo_modules.DepthwiseConv: _depthwise,
+    _zoo_modules.LayerScale: _layer_scale,
+    _zoo_modules.ChannelNorm: _channel_norm,
 }
 
 

@@ -24,6 +24,7 @@ wherever the layer keeps its shape; substituted layers start from a fresh initia
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import replace
 from typing import Any
 
@@ -122,14 +123,20 @@ class Converter(LayerRules, JoinRules, TracedModel):
 
     def _head(self, end: fx.Node) -> tuple[nn.Linear | None, fx.Node]:
         """The paper's head at the end (a linear layer of the mean over space or tokens): its
-        linear and the backbone's output; or no head. The mean is checked on the values."""
+        linear and the backbone's output; or no head. The mean is checked on the values; what
+        is the identity at inference (dropout, nn.Identity) may stand between, and is left out
+        after the mean (where the grammar has no place for a dropout)."""
         if end.op != "call_module" or not isinstance(self.modules[end.target], nn.Linear):
             return None, end
         pooled = self.values[end.args[0]]
         if not isinstance(pooled, torch.Tensor) or pooled.dim() != 2:
             return None, end
         candidates, node = [], end.args[0]
-        while isinstance(node, fx.Node) and self._head_pool(node) and len(self.inputs(node)) == 1:
+        while isinstance(node, fx.Node) and len(self.inputs(node)) == 1:
+            if not (self._head_pool(node) or self.passes_unchanged(node)):
+                break
+            if self.kept_dropout(node) and self.values[node].dim() > 2:  # in the backbone
+                break
             node = self.inputs(node)[0]
             candidates.append(node)
         for source in reversed(candidates):  # the earliest value whose mean is the pooled one
@@ -140,7 +147,15 @@ class Converter(LayerRules, JoinRules, TracedModel):
             if mean.shape == pooled.shape and torch.allclose(mean, pooled, rtol=1e-5, atol=1e-6):
                 self.use(end)
                 return self.modules[end.target], source
-        return None, end
+        what = self.describe(node) if isinstance(node, fx.Node) else "its input"
+        if isinstance(node, fx.Node) and node.target is operator.getitem:
+            what += " (a slice, such as a class token x[:, 0])"
+        raise self.fail(
+            end,
+            f"the classifier `{end.target}` reads [B, {pooled.shape[1]}] computed by {what}: the "
+            "grammar's head is a linear layer of the mean over space (or tokens) of the backbone's "
+            "output, and this is not that mean",
+        )
 
     def _head_pool(self, node: fx.Node) -> bool:
         if node.op == "call_module":
@@ -176,6 +191,11 @@ class Converter(LayerRules, JoinRules, TracedModel):
                 raise self.fail(source, f"{self.short(source)} has no counterpart in the grammar")
             if source.target is F.scaled_dot_product_attention:
                 return self.attention(source, run)
+            if source.target is F.unfold:  # the patches as the grammar's tokens, then the run
+                value = self.values[source]
+                tokens = torch.arange(value.numel()).reshape(value.shape).transpose(1, 2)
+                opened = Route(self.unfold_grid(source), source)
+                return [opened, *self.layout(source, run, tokens)], self.inputs(source)[0]
             return self.layout(source, run), source
         if node.target is F.scaled_dot_product_attention:
             return self.attention(node, [])
@@ -187,11 +207,15 @@ class Converter(LayerRules, JoinRules, TracedModel):
             raise self.fail(node, "expected one input tensor")
         return self.unary(node, inputs[0]), inputs[0]
 
-    def layout(self, source: fx.Node, run: list[fx.Node]) -> list[Piece | Route]:
+    def layout(
+        self, source: fx.Node, run: list[fx.Node], base: torch.Tensor | None = None
+    ) -> list[Piece | Route]:
         """A run of reshapes and permutes as the grammar's routing: nothing, a permute of the
-        feature axes, image to tokens (im2col 1×1), or tokens to image (col2im)."""
+        feature axes, image to tokens (im2col 1×1), or tokens to image (col2im). `base` is where
+        the grammar's view of `source` has each element (default: as it is)."""
         index = self.index_map(source, run)
-        base = torch.arange(self.values[source].numel()).reshape(self.values[source].shape)
+        if base is None:
+            base = torch.arange(self.values[source].numel()).reshape(self.values[source].shape)
         if index.shape == base.shape and torch.equal(index, base):
             return []
         rank = base.dim()
@@ -200,10 +224,16 @@ class Converter(LayerRules, JoinRules, TracedModel):
                 return [Route(self.terminal(run[-1], "permute", order=order), run[-1])]
         if rank == 4 and torch.equal(index, base.flatten(2).transpose(1, 2)):
             return [Route(self.terminal(run[-1], "im2col", k=1, s=1, p=0), run[-1])]
-        if rank == 3 and index.dim() == 4:
+        if rank == 3 and index.dim() == 4 and index.shape[2] * index.shape[3] == base.shape[1]:
             image = base.transpose(1, 2).unflatten(2, tuple(index.shape[2:]))
-            if torch.equal(index, image):
-                return [Route(self.terminal(run[-1], "col2im"), run[-1])]
+            for order in itertools.permutations(range(1, 4)):  # col2im, then a permute
+                if index.shape == image.permute(0, *order).shape and torch.equal(
+                    index, image.permute(0, *order)
+                ):
+                    routes = [Route(self.terminal(run[-1], "col2im"), run[-1])]
+                    if order != (1, 2, 3):
+                        routes.append(Route(self.terminal(run[-1], "permute", order=order), run[-1]))
+                    return routes
         raise self.fail(
             run[-1],
             f"this reshape ({tuple(base.shape)} to {tuple(index.shape)}) is not a routing of the grammar: "
@@ -217,6 +247,13 @@ class Converter(LayerRules, JoinRules, TracedModel):
         image-to-tokens routing right after a col2im cancels it), a permute with the next one;
         an unpaired route wraps its neighbour, with identity on the other side."""
         items = cancel(items)
+        for item in items:
+            if isinstance(item, Piece) and item.channels_last is not None:
+                raise self.fail(
+                    item.channels_last,
+                    "a layer norm over the last axis of an image is the grammar's channel_norm only "
+                    "between x.permute(0, 2, 3, 1) and the permute back",
+                )
         out: list[Piece] = []
         i = 0
         while i < len(items):

@@ -5,8 +5,10 @@ run of reshapes, and the model's source line of each node.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import operator
+import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
 from einspace.errors import EinspaceError, caret_context
@@ -21,7 +24,8 @@ from einspace.state import FeatureState
 
 __all__ = ["ModelImportError", "TracedModel", "target_name"]
 
-_TORCH_DIR = str(Path(torch.__file__).parent)
+#: torch's own package folder, with the separator: `…/site-packages/torch/`, not `…/torchvision`.
+_TORCH_DIRS = (os.path.join(str(Path(torch.__file__).parent), ""),)
 
 
 class ModelImportError(EinspaceError):
@@ -30,15 +34,36 @@ class ModelImportError(EinspaceError):
 
 class _Tracer(fx.Tracer):
     """Records, for errors at the model's code, the model's source line of every node: the
-    innermost caller outside torch and this module (cheaper than fx's own stack traces, which
-    load torch's compiler on first use)."""
+    innermost caller between torch.fx and the call of `trace` that is not in torch's own package
+    (cheaper than fx's own stack traces, which load torch's compiler on first use). A node that
+    only torch's code creates (the layers of a bare `nn.Sequential`) has no line: never one of
+    einspace's, nor the line that called the importer.
+
+    It traces in eval mode: what the model computes at inference (a stochastic depth whose code
+    reads `self.training` is then the identity it is there)."""
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        self._outer = sys._getframe(0)
+        training = root.training if isinstance(root, nn.Module) else None
+        if training is not None:
+            root.eval()
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            if training is not None:
+                root.train(training)
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
         frame = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, __file__)):
+        outer = getattr(self, "_outer", None)
+        while (
+            frame is not None
+            and frame is not outer
+            and frame.f_code.co_filename.startswith((*_TORCH_DIRS, __file__))
+        ):
             frame = frame.f_back
-        if frame is not None:
+        if frame is not None and frame is not outer:
             node.meta["einspace_source"] = (frame.f_code.co_filename, frame.f_lineno)
         return node
 
@@ -64,7 +89,8 @@ class TracedModel:
         self.model, self.input = model, input
         self.modules = dict(model.named_modules())
         try:
-            self.graph = _Tracer().trace(model)
+            self.graph = _Tracer().trace(model, _defaults(model))
+            _drop_fixed(self.graph)
         except Exception as exc:  # torch.fx raises many kinds (TraceError, TypeError, ...)
             raise ModelImportError(f"cannot trace {type(model).__name__} with torch.fx: {exc}") from None
         self.values = self._run()
@@ -221,6 +247,37 @@ class TracedModel:
                 idom[node] = dominator
         return idom
 
+    def passes_unchanged(self, node: fx.Node) -> bool:
+        """Whether `node` is the identity at inference: a dropout, nn.Identity, a product or
+        quotient by 1, or a call of the model's own code (not torch's: a torch operation is read
+        for what it is) without weights whose value is its input's on the example input, in
+        eval mode (a stochastic depth, whose code reads `self.training`, or torchvision's
+        fx-wrapped `stochastic_depth`)."""
+        inputs = self.inputs(node)
+        if len(inputs) != 1 or node.op not in ("call_module", "call_function", "call_method"):
+            return False
+        if node.op == "call_module":
+            module = self.modules[node.target]
+            if isinstance(module, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout, nn.Identity)):
+                return True
+            if any(True for _ in module.parameters()) or type(module).__module__.startswith("torch."):
+                return False
+        elif node.target in (F.dropout, F.dropout1d, F.dropout2d, F.alpha_dropout):
+            return True
+        elif node.target in (operator.mul, operator.truediv) or node.target in ("mul", "div"):
+            constants = self.constants(node)
+            return len(constants) == 1 and isinstance(constants[0], (int, float)) and constants[0] == 1
+        elif node.op == "call_method" or str(getattr(node.target, "__module__", "torch")).startswith("torch"):
+            return False
+        before, after = self.values[inputs[0]], self.values.get(node)
+        return (
+            isinstance(before, torch.Tensor)
+            and isinstance(after, torch.Tensor)
+            and after.shape == before.shape
+            and after.dtype == before.dtype
+            and torch.equal(after, before)
+        )
+
     def is_layout(self, node: fx.Node) -> bool:
         """Whether `node` only moves values (a reshape, permute, chunk or identity layer)."""
         if node.op == "call_method":
@@ -236,6 +293,43 @@ class TracedModel:
         value = self.values[source]
         index = torch.arange(value.numel()).reshape(value.shape)
         return self._evaluate(run, {source: index})[run[-1]] if run else index
+
+
+def _defaults(model: nn.Module) -> dict[str, Any] | None:
+    """The arguments of `forward` after the first that have defaults (`attn_mask=None`), fixed to
+    them for tracing: the model is imported as called with one tensor."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    fixed = {
+        p.name: p.default
+        for p in parameters[1:]
+        if p.kind in (*plain, inspect.Parameter.KEYWORD_ONLY) and p.default is not inspect.Parameter.empty
+    }
+    return fixed or None
+
+
+def _drop_fixed(graph: fx.Graph) -> None:
+    """Remove the placeholders of the arguments fixed to their defaults, with the checks fx adds
+    that they keep them (the traced code has their values built in)."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    doomed: list[fx.Node] = []
+    for placeholder in placeholders[1:]:
+        if not placeholder.args:  # no default: the model needs it, and _run says so
+            continue
+        todo = [placeholder]
+        while todo:
+            node = todo.pop()
+            if node not in doomed:
+                doomed.append(node)
+                todo.extend(node.users)
+    if any(n.op == "output" for n in doomed):
+        return
+    for node in reversed(list(graph.nodes)):
+        if node in doomed:
+            graph.erase_node(node)
 
 
 def _attribute(root: nn.Module, target: str) -> Any:

@@ -33,6 +33,23 @@ _ACTIVATION_FUNCTIONS = (torch.relu, torch.tanh, torch.sigmoid) + tuple(
     getattr(F, n) for n in "relu gelu silu elu relu6 hardswish mish".split()
 )
 _ACTIVATION_METHODS = {"relu", "sigmoid", "tanh"}
+#: The activations that the zoo grammar has, by module type and by function or method.
+_ZOO_ACTIVATIONS = {
+    nn.ReLU: "relu",
+    nn.ReLU6: "relu6",
+    nn.GELU: "gelu",
+    nn.SiLU: "silu",
+    nn.Hardswish: "hardswish",
+}
+_ZOO_FUNCTIONS = {
+    F.relu: "relu",
+    torch.relu: "relu",
+    "relu": "relu",
+    F.relu6: "relu6",
+    F.gelu: "gelu",
+    F.silu: "silu",
+    F.hardswish: "hardswish",
+}
 _POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d)
 _POOL_FUNCTIONS = {F.max_pool2d, F.avg_pool2d}
 
@@ -50,18 +67,32 @@ class LayerRules:
             handler = next((h for kinds, h in MODULE_HANDLERS if isinstance(module, kinds)), None)
             if handler is not None:
                 return handler(self, node, module, value)
+            if self.passes_unchanged(node):  # e.g. a stochastic depth: the identity at inference
+                return []
             raise self.fail(node, f"{type(module).__name__} has no counterpart in the grammar")
         target = node.target
         if target is F.leaky_relu:
             slope = node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01)
             return self.activation(node, slope)
         if target in _ACTIVATION_FUNCTIONS or (node.op == "call_method" and target in _ACTIVATION_METHODS):
-            return self.activation(node, None)
+            exact = target is not F.gelu or node.kwargs.get("approximate", "none") == "none"
+            return self.activation(node, None, _ZOO_FUNCTIONS.get(target) if exact else None)
         if target in (F.softmax, torch.softmax) or (node.op == "call_method" and target == "softmax"):
             dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
             return self.softmax(node, dim, value)
         if target is F.dropout:
-            return self.dropout(node, node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5))
+            return self.dropout(node, self.dropout_p(node) or 0.0)
+        if target is F.unfold:
+            return self.unfold(node)
+        if target is F.layer_norm and value.dim() == 4 and "channel_norm" in self.grid:
+            names = ("input", "normalized_shape", "weight", "bias", "eps")
+            given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+            weight, bias = (self.values.get(given.get(n)) for n in ("weight", "bias"))
+            return self.channel_norm(
+                node, given["normalized_shape"], weight, bias, given.get("eps", 1e-5), value
+            )
+        if self.passes_unchanged(node):
+            return []
         if target in _POOL_FUNCTIONS:
             kernel = node.args[1] if len(node.args) > 1 else node.kwargs["kernel_size"]
             stride = node.args[2] if len(node.args) > 2 else node.kwargs.get("stride") or kernel
@@ -69,9 +100,16 @@ class LayerRules:
             return self.pool(node, target_name(target), value, kernel, stride, padding)
         if target in (operator.add, torch.add) or (node.op == "call_method" and target == "add"):
             return self.positional(node, value)
+        if target in (operator.mul, torch.mul) or (node.op == "call_method" and target in ("mul", "mul_")):
+            return self.layer_scale(node, value)
         raise self.fail(node, f"{target_name(target)} has no counterpart in the grammar")
 
-    def activation(self, node: fx.Node, slope: float | None) -> list[Piece | Route]:
+    def activation(self, node: fx.Node, slope: float | None, name: str | None = None) -> list[Piece | Route]:
+        """The grammar's operation `name` (relu, gelu, ...) where it has it; leaky ReLU as it is,
+        or as the substitute of any other."""
+        if name is not None and name in self.grid:
+            self.terminal(node, name)
+            return [Piece(arch.computation(name), ())]
         if slope != 0.01:
             what = f"leaky ReLU with slope {slope}" if slope is not None else self.short(node)
             self.substituted(node, what, "leaky_relu (slope 0.01), the grammar's activation")
@@ -84,27 +122,105 @@ class LayerRules:
         self.terminal(node, "softmax")
         return [Piece(arch.softmax(), ())]
 
+    def dropout_p(self, node: fx.Node) -> float | None:
+        """The p of a dropout (module or function); None for anything else."""
+        if node.op == "call_module" and isinstance(self.modules[node.target], nn.Dropout):
+            return float(self.modules[node.target].p)
+        if node.target is F.dropout:
+            return float(node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5))
+        return None
+
+    def kept_dropout(self, node: fx.Node) -> bool:
+        """Whether `node` is a dropout that the grammar has (imported as it is, not left out)."""
+        p = self.dropout_p(node)
+        return bool(p) and ("p", p) in {a for args in self.grid.get("dropout", ()) for a in args}
+
     def dropout(self, node: fx.Node, p: float) -> list[Piece | Route]:
-        """Left out: exactly so with p = 0 (as models often leave it), else a substitution."""
-        if p:
-            self.substituted(
-                node, f"dropout (p = {p})", "nothing (dropout acts only in training; it is left out)"
-            )
+        """The grammar's dropout of this p where it has one (the same in training too); else left
+        out, as it is the identity at inference (what the import reproduces)."""
+        if self.kept_dropout(node):
+            return [Piece(arch.computation("dropout", p=float(p)), ())]
         return []
+
+    def unfold_grid(self, node: fx.Node) -> Any:
+        """The im2col of an `F.unfold(x, k, dilation, padding, stride)`: patches [B, C·k·k, L]."""
+        names = ("input", "kernel_size", "dilation", "padding", "stride")
+        given = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+        k, s, p = (square(given.get(n, d)) for n, d in (("kernel_size", 1), ("stride", 1), ("padding", 0)))
+        if square(given.get("dilation", 1)) != 1 or any(
+            isinstance(given.get(n), (tuple, list)) and len(set(given[n])) != 1
+            for n in ("kernel_size", "stride", "padding", "dilation")
+        ):
+            raise self.fail(node, "an unfold with dilation, or unequal sizes along height and width")
+        return self.terminal(node, "im2col", k=k, s=s, p=p)
+
+    def unfold(self, node: fx.Node) -> list[Piece | Route]:
+        """F.unfold read as it is, [B, C·k·k, L]: im2col (tokens [B, L, C·k·k]), then the swap
+        of the two axes. (Followed by a transpose, as export writes it, the swaps cancel.)"""
+        return [
+            Route(self.unfold_grid(node), node),
+            Route(self.terminal(node, "permute", order=(2, 1)), node),
+        ]
 
     def pool(
         self, node: fx.Node, what: str, value: torch.Tensor, kernel: Any, stride: Any, padding: Any
     ) -> list[Piece | Route]:
-        """A pooling layer becomes a convolution of the same output size (the paper's ResNet seed
-        replaces the max-pool by a 3×3 stride-2 convolution), with fresh weights."""
+        """The grammar's max_pool or avg_pool of these (k, s, p) where it has one; else a
+        convolution of the same output size (the paper's ResNet seed replaces the max-pool by a
+        3×3 stride-2 convolution), with fresh weights."""
         channels = value.shape[1]
         out = self.values[node].shape[2:]
         k, s, p = (square(v) for v in (kernel, stride, padding))
+        name = "max_pool" if "max" in what.lower() else "avg_pool"
+        if self._plain_pool(node, kernel, stride, padding) and (
+            ("k", k),
+            ("s", s),
+            ("p", p),
+        ) in self.grid.get(name, ()):
+            self.terminal(node, name, k=k, s=s, p=p)
+            return [Piece(arch.computation(name, k=k, s=s, p=p), ())]
         grid = self._conv_substitute(node, value, k, s, p, out)
         d = self._width(node, channels, "the pooled channels")
         described = f"{what} (kernel {k}, stride {s}, padding {p})"
         self.substituted(node, described, f"{self._conv_text(grid, d)}, with new weights")
         return self._conv_items(node, grid, d, None)
+
+    def _plain_pool(self, node: fx.Node, *sizes: Any) -> bool:
+        """Square, no dilation, no ceil mode, padding counted in the mean: as the grammar's pools."""
+        if any(isinstance(v, (tuple, list)) and len(set(v)) != 1 for v in sizes):
+            return False
+        if node.op == "call_module":
+            module = self.modules[node.target]
+            options = {n: getattr(module, n, None) for n in ("dilation", "ceil_mode", "count_include_pad")}
+            options["divisor_override"] = getattr(module, "divisor_override", None)
+        else:
+            options = dict(node.kwargs)
+            if len(node.args) > 4:
+                return False
+        return (
+            options.get("dilation") in (None, 1, (1, 1))
+            and not options.get("ceil_mode")
+            and options.get("count_include_pad") in (None, True)
+            and options.get("divisor_override") is None
+            and not options.get("return_indices")
+        )
+
+    def layer_scale(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
+        """x times a learnt scale per feature (channels of an image, last axis of tokens)."""
+        constants = [c for c in self.constants(node) if isinstance(c, torch.Tensor)]
+        features = value.shape[1] if value.dim() == 4 else value.shape[-1]
+        shapes = (
+            [(features, 1, 1), (1, features, 1, 1)] if value.dim() == 4 else [(features,), (1, 1, features)]
+        )
+        if len(constants) != 1 or tuple(constants[0].shape) not in shapes or len(self.constants(node)) != 1:
+            raise self.fail(
+                node,
+                "a product with a constant is in the grammar only as a learnt scale per feature "
+                "(layer scale)",
+            )
+        self.terminal(node, "layer_scale")
+        weight = constants[0].detach().reshape(shapes[0]).clone()
+        return [Piece(arch.computation("layer_scale"), ({"weight": weight},))]
 
     def positional(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
         """x + a learnt tensor of x's shape (or with a leading 1): a positional encoding."""
@@ -132,6 +248,24 @@ class LayerRules:
             and isinstance(p, tuple)
             and p[0] == p[1]
         )
+        depthwise = module.groups == module.in_channels == module.out_channels > 1
+        square_ksp = (("k", k[0]), ("s", s[0]), ("p", p[0])) if isinstance(p, tuple) else None
+        if (
+            depthwise
+            and module.dilation == (1, 1)
+            and module.padding_mode == "zeros"
+            and k[0] == k[1]
+            and s[0] == s[1]
+            and square_ksp is not None
+            and p[0] == p[1]
+            and square_ksp in self.grid.get("depthwise_conv", ())
+        ):
+            return [
+                Piece(
+                    arch.computation("depthwise_conv", k=k[0], s=s[0], p=p[0]),
+                    (linear_entry(module.weight, module.bias),),
+                )
+            ]
         if exact and (("k", k[0]), ("s", s[0]), ("p", p[0])) in self.grid.get("im2col", ()):
             d = self._width(node, module.out_channels, "the output channels")
             weight = module.weight.reshape(module.out_channels, -1)
@@ -217,6 +351,10 @@ class LayerRules:
 
     def layer_norm(self, node: fx.Node, module: nn.LayerNorm, value: torch.Tensor) -> list[Piece | Route]:
         self.use(node)
+        if value.dim() == 4 and "channel_norm" in self.grid:
+            return self.channel_norm(
+                node, module.normalized_shape, module.weight, module.bias, module.eps, value
+            )
         if value.dim() != 3 or module.normalized_shape != (value.shape[-1],) or not module.elementwise_affine:
             raise self.fail(
                 node, "the grammar's norm in col mode is a LayerNorm over the last axis of [B, S, D]"
@@ -227,6 +365,25 @@ class LayerRules:
         entry = linear_entry(module.weight, module.bias)
         return [Piece(arch.norm(), (entry,))]
 
+    def channel_norm(
+        self,
+        node: fx.Node,
+        shape: Any,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        eps: float,
+        value: torch.Tensor,
+    ) -> list[Piece | Route]:
+        """A layer norm over the last axis of a channels-last image [B, H, W, C]: the grammar's
+        channel_norm, once the permutes around it are found (`pieces.cancel`)."""
+        if tuple(shape) != (value.shape[-1],) or weight is None or bias is None:
+            raise self.fail(node, "the grammar's channel_norm is a LayerNorm with weights over the channels")
+        if eps != 1e-6:
+            self.substituted(node, f"a layer norm over channels with eps {eps}", "channel_norm (eps 1e-6)")
+        self.terminal(node, "channel_norm")
+        piece = Piece(arch.computation("channel_norm"), (linear_entry(weight, bias),), channels_last=node)
+        return [piece]
+
 
 MODULE_HANDLERS: tuple[tuple[type | tuple[type, ...], Callable[..., list[Piece | Route]]], ...] = (
     (nn.Conv2d, LayerRules.conv),
@@ -234,7 +391,14 @@ MODULE_HANDLERS: tuple[tuple[type | tuple[type, ...], Callable[..., list[Piece |
     (nn.BatchNorm2d, LayerRules.batch_norm),
     (nn.LayerNorm, LayerRules.layer_norm),
     (nn.LeakyReLU, lambda self, node, module, value: self.activation(node, module.negative_slope)),
-    (_ACTIVATION_MODULES, lambda self, node, module, value: self.activation(node, None)),
+    (
+        _ACTIVATION_MODULES,
+        lambda self, node, module, value: self.activation(
+            node,
+            None,
+            None if getattr(module, "approximate", "none") != "none" else _ZOO_ACTIVATIONS.get(type(module)),
+        ),
+    ),
     (nn.Softmax, lambda self, node, module, value: self.softmax(node, module.dim, value)),
     (nn.Dropout, lambda self, node, module, value: self.dropout(node, module.p)),
     (

@@ -29,6 +29,9 @@ class Piece:
     module: Nonterminal
     entries: tuple[Entry, ...]
     owner: tuple[str, ...] | None = None
+    #: The layer norm node of a channel_norm read from a channels-last image: valid only between
+    #: the permutes to channels-last and back, which `cancel` removes with this mark.
+    channels_last: fx.Node | None = None
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,30 @@ def flat(pieces: list[Piece], owner: tuple[str, ...] | None = None) -> Piece:
 
 
 def cancel(items: list[Piece | Route]) -> list[Piece | Route]:
-    """Drop col2im followed by image-to-tokens (im2col 1×1): the pair changes nothing."""
+    """Drop col2im followed by image-to-tokens (im2col 1×1), and two permutes in a row that
+    undo each other: such pairs change nothing. A channels-last layer norm between the permutes
+    to channels-last and back is the grammar's channel_norm, without them."""
     out: list[Piece | Route] = []
     for item in items:
         last = out[-1] if out else None
+        if isinstance(item, Route) and item.op == arch.op("permute", order=(3, 1, 2)):
+            n = 0  # the channels-last norms just before (two in a row: their permutes between cancelled)
+            while n < len(out) and isinstance(out[-1 - n], Piece) and out[-1 - n].channels_last is not None:
+                n += 1
+            opener = out[-1 - n] if n and n < len(out) else None
+            if isinstance(opener, Route) and opener.op == arch.op("permute", order=(2, 3, 1)):
+                norms = [Piece(p.module, p.entries, p.owner) for p in out[len(out) - n :]]  # type: ignore[union-attr]
+                del out[len(out) - n - 1 :]
+                out.extend(norms)
+                continue
+        if (
+            isinstance(item, Route)
+            and isinstance(last, Route)
+            and item.op.op == last.op.op == "permute"
+            and _undoes(dict(last.op.args)["order"], dict(item.op.args)["order"])
+        ):
+            out.pop()
+            continue
         if (
             isinstance(item, Route)
             and item.op == arch.op("im2col", k=1, s=1, p=0)
@@ -96,6 +119,11 @@ def cancel(items: list[Piece | Route]) -> list[Piece | Route]:
             continue
         out.append(item)
     return out
+
+
+def _undoes(first: tuple[int, ...], second: tuple[int, ...]) -> bool:
+    """Whether permuting by `first`, then by `second`, gives the axes back in their order."""
+    return len(first) == len(second) and all(first[second[i] - 1] == i + 1 for i in range(len(first)))
 
 
 def partner(items: list[Piece | Route], i: int) -> int | None:

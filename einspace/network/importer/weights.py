@@ -56,7 +56,12 @@ def transferred_state(
                 state[key] = entry[local].detach().clone().to(state[key].dtype)
         else:
             mismatched.append(name)
-    if head is not None:
-        for local, tensor in linear_entry(head.weight, head.bias).items():
-            state[f"head.linear.{local}"] = tensor.to(state[f"head.linear.{local}"].dtype)
+    if head is not None:  # its input width is the backbone's last, which a substitution may change
+        entry = linear_entry(head.weight, head.bias)
+        keys = {local: f"head.linear.{local}" for local in entry}
+        if all(state[key].shape == entry[local].shape for local, key in keys.items()):
+            for local, key in keys.items():
+                state[key] = entry[local].to(state[key].dtype)
+        else:
+            mismatched.append("head.linear")
     return state, mismatched

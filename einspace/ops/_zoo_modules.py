@@ -1,0 +1,55 @@
+"""The torch modules behind the `einspace.ops.zoo` operations: torch's own, and a depthwise
+convolution of its own type (export and import recognise modules by type)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import GELU, AvgPool2d, Dropout, Hardswish, MaxPool2d, ReLU, ReLU6, SiLU
+
+__all__ = [
+    "ChannelNorm",
+    "GELU",
+    "AvgPool2d",
+    "DepthwiseConv",
+    "Dropout",
+    "Hardswish",
+    "LayerScale",
+    "MaxPool2d",
+    "ReLU",
+    "ReLU6",
+    "SiLU",
+]
+
+
+class DepthwiseConv(nn.Conv2d):
+    """One k×k filter per channel (groups = channels), with a bias."""
+
+    def __init__(self, channels: int, k: int, s: int, p: int):
+        super().__init__(channels, channels, k, s, p, groups=channels)
+
+
+class LayerScale(nn.Module):
+    """x times a learnt scale per feature: `weight` [C, 1, 1] over an image's channels, [D] over
+    the last axis of tokens; initialised at 0.1."""
+
+    def __init__(self, features: int, image: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((features, 1, 1) if image else (features,), 0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+    def extra_repr(self) -> str:
+        return f"shape={tuple(self.weight.shape)}"
+
+
+class ChannelNorm(nn.LayerNorm):
+    """LayerNorm over the channels of [B, C, H, W] at each position (eps 1e-6): nn.LayerNorm's
+    parameters, applied channels-last."""
+
+    def __init__(self, channels: int):
+        super().__init__(channels, eps=1e-6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)

@@ -1,0 +1,231 @@
+"""The terminals of the architectures people use (issue 25), for the `einspace_zoo` grammar:
+activations, dropout, max and average pooling, depthwise convolution, layer scale.
+
+Shapes exclude the batch axis; FLOPs are per sample with a multiply-add counted as 2 (as in
+`core`). Per element: ReLU 1, ReLU6 2 (two clamps), SiLU 4 (x·σ(x): exponent, sum, divide,
+product), Hardswish 4 (add, clamp twice, product and divide counted as 4), GELU 8 (the erf form:
+a rational approximation of erf and the product), dropout 1 (the mask's product, in training).
+Layer scale: a learnt scale per feature (channels in im mode, the last axis in col mode), 1 FLOP
+per element, a parameter per feature. Pooling: max (k²−1) comparisons and average k² operations
+(k²−1 sums, one division) per output element. Depthwise convolution (C → C, one k×k filter per
+channel, with a bias): (2·k² + 1) per output element, C·k² + C parameters.
+
+The shape rules are here, without torch; the modules are in `einspace.ops._zoo_modules`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from einspace.ops.core import UnaryOperation
+from einspace.ops.registry import Argument, Group, infeasible, register_op, torch_side
+from einspace.state import IM, FeatureState
+
+if TYPE_CHECKING:
+    from torch import nn
+
+_modules = torch_side("einspace.ops._zoo_modules")
+
+
+def _numel(state: FeatureState) -> int:
+    return math.prod(state.shape)
+
+
+# ---------------------------------------------------------------- activations and dropout
+
+
+class _Elementwise(UnaryOperation):
+    """An elementwise computation: the state passes unchanged; `per_element` FLOPs each."""
+
+    group = Group.COMPUTATION
+    exportable = True
+    per_element = 1
+    module_name = ""
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return getattr(_modules, self.module_name)()
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return self.per_element * _numel(state)
+
+
+@register_op
+class ReLU(_Elementwise):
+    """max(x, 0)."""
+
+    name, module_name, per_element = "relu", "ReLU", 1
+
+
+@register_op
+class ReLU6(_Elementwise):
+    """min(max(x, 0), 6)."""
+
+    name, module_name, per_element = "relu6", "ReLU6", 2
+
+
+@register_op
+class GELU(_Elementwise):
+    """x·Φ(x), with the exact (erf) Φ."""
+
+    name, module_name, per_element = "gelu", "GELU", 8
+
+
+@register_op
+class SiLU(_Elementwise):
+    """x·σ(x) (swish)."""
+
+    name, module_name, per_element = "silu", "SiLU", 4
+
+
+@register_op
+class Hardswish(_Elementwise):
+    """x·min(max(x + 3, 0), 6)/6."""
+
+    name, module_name, per_element = "hardswish", "Hardswish", 4
+
+
+def _probability(value: float) -> str | None:
+    return None if 0.0 <= value < 1.0 else "must be in [0, 1)"
+
+
+@register_op
+class Dropout(_Elementwise):
+    """Zero each element with probability p in training (the rest scaled by 1/(1 − p)); the
+    identity at inference."""
+
+    name, per_element = "dropout", 1
+    arguments = (Argument("p", float, _probability, "probability of zeroing an element"),)
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.Dropout(args["p"])
+
+
+# ---------------------------------------------------------------- pooling and depthwise convolution
+
+_KSP = (
+    Argument("k", int, lambda v: None if v >= 1 else "must be >= 1", "kernel size"),
+    Argument("s", int, lambda v: None if v >= 1 else "must be >= 1", "stride"),
+    Argument("p", int, lambda v: None if v >= 0 else "must be >= 0", "zero padding"),
+)
+
+
+class _Window(UnaryOperation):
+    """A k×k window (stride s, padding p) over an image (C, H, W): to (C, h, w), im mode only;
+    torch allows padding up to half the kernel."""
+
+    group = Group.COMPUTATION
+    exportable = True
+    arguments = _KSP
+
+    def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
+        k, s, p = args["k"], args["s"], args["p"]
+        if state.mode != IM:
+            raise infeasible(f"{self.name} needs im mode, got {state}")
+        if p > k // 2:
+            raise infeasible(f"{self.name} padding {p} is more than half the kernel {k}")
+        c, h, w = state.shape
+        if min(h, w) + 2 * p < k:
+            raise infeasible(f"kernel {k} larger than the padded input {h + 2 * p}x{w + 2 * p} of {state}")
+        return state._replace(shape=(c, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1))
+
+    def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
+        return (mode, 1) if b == 1 and mode == IM else None
+
+
+@register_op
+class MaxPool(_Window):
+    """The maximum of each window (padding never wins: torch pads with −∞)."""
+
+    name = "max_pool"
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.MaxPool2d(args["k"], args["s"], args["p"])
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return (args["k"] ** 2 - 1) * _numel(self.apply(state, args))
+
+
+@register_op
+class AvgPool(_Window):
+    """The mean of each window, zero padding counted (torch's default, as torchvision uses it)."""
+
+    name = "avg_pool"
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.AvgPool2d(args["k"], args["s"], args["p"])
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return args["k"] ** 2 * _numel(self.apply(state, args))
+
+
+@register_op
+class DepthwiseConv(_Window):
+    """One k×k filter per channel, with a bias (`nn.Conv2d(C, C, k, s, p, groups=C)`)."""
+
+    name = "depthwise_conv"
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.DepthwiseConv(state.shape[0], args["k"], args["s"], args["p"])
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return state.shape[0] * (args["k"] ** 2 + 1)
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return (2 * args["k"] ** 2 + 1) * _numel(self.apply(state, args))
+
+
+# ---------------------------------------------------------------- layer scale
+
+
+def _features(state: FeatureState) -> int:
+    return state.shape[-1] if state.mode != IM else state.shape[0]
+
+
+@register_op
+class LayerScale(UnaryOperation):
+    """x times a learnt scale per feature (CaiT, ConvNeXt: `x * gamma`), initialised at 0.1."""
+
+    name = "layer_scale"
+    group = Group.COMPUTATION
+    exportable = True
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.LayerScale(_features(state), image=state.mode == IM)
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return _features(state)
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return _numel(state)
+
+
+# ---------------------------------------------------------------- layer norm over an image's channels
+
+
+@register_op
+class ChannelNorm(UnaryOperation):
+    """LayerNorm over the channels at each position of an image (ConvNeXt's LayerNorm2d, eps
+    1e-6), im mode only. Params: 2·C (scale, shift). FLOPs ≈ 4·numel, as `norm`."""
+
+    name = "channel_norm"
+    group = Group.COMPUTATION
+    exportable = True
+
+    def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
+        if state.mode != IM:
+            raise infeasible(f"channel_norm needs im mode, got {state}")
+        return state
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.ChannelNorm(state.shape[0])
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return 2 * state.shape[0]
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return 4 * _numel(state)
+
+    def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
+        return (mode, 1) if b == 1 and mode == IM else None
