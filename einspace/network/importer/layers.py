@@ -56,7 +56,12 @@ _POOL_FUNCTIONS = {F.max_pool2d, F.avg_pool2d}
 
 class LayerRules:
     """One-input operations (by module type through `MODULE_HANDLERS`, else by function) and
-    layers with weights, each as the pieces and routes of the grammar that compute it."""
+    layers with weights, each as the pieces and routes of the grammar that compute it.
+
+    Long because it holds one short rule per layer kind the importer maps (21 methods, the zoo
+    grammar's pooling, depthwise convolution, activations, norms and layer scale among them); a
+    mixin of the converter, it shares the converter's values and failure reporting, so splitting
+    it by kind would only spread one dispatch over several classes."""
 
     # ------------------------------------------------------------- one-input operations
 
