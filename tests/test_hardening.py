@@ -125,31 +125,31 @@ def test_a_plugin_that_fails_names_itself_and_its_line(tmp_path: Path, capsys) -
 
 
 def test_readme_operation_example_is_safe_in_multi_branch_networks() -> None:
-    """The README's Gelu, run as written: never offered on two branches, so sampled networks
+    """The README's Softsign, run as written: never offered on two branches, so sampled networks
     with branching compile and run; and `verify_operations` finds nothing wrong with it."""
     text = README.read_text()
     block = text.split("### Your own operations", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     namespace: dict = {}
     exec(block, namespace)  # noqa: S102 - the README's own example
     try:
-        grammar = parse_grammar("extends einspace\nC += gelu @ 0.3\n", "gelu.pcfg")
+        grammar = parse_grammar("extends einspace\nC += softsign @ 0.3\n", "softsign.pcfg")
         x = es.input_state((3, 16, 16))
         sampler = es.Sampler(grammar, x, es.Limits(max_depth=12, max_nodes=120), random_seed=0)
-        branched_with_gelu = 0
+        branched_with_softsign = 0
         for _ in range(60):
             tree = sampler.sample()
             text = es.to_text(tree)
             net = es.compile_network(tree, x, classes=10)
             assert net(torch.randn(2, 3, 16, 16)).shape == (2, 10)
-            branched_with_gelu += "gelu" in text and "(B " in text
-        assert branched_with_gelu > 5
+            branched_with_softsign += "softsign" in text and "(B " in text
+        assert branched_with_softsign > 5
         from einspace.ops.verify import verify_operations
 
         assert verify_operations(grammar, x, trees=10) == []
-        with pytest.raises(TreeError, match="gelu acts on one tensor, and 2 branches are in flight"):
-            es.check_tree(es.parse_tree("(S (B clone(b=2)) (C gelu) (A add))"), None, x)
+        with pytest.raises(TreeError, match="softsign acts on one tensor, and 2 branches are in flight"):
+            es.check_tree(es.parse_tree("(S (B clone(b=2)) (C softsign) (A add))"), None, x)
     finally:
-        unregister_op("gelu")
+        unregister_op("softsign")
 
 
 def test_verify_finds_an_operation_whose_module_disagrees(tmp_path: Path, capsys) -> None:
