@@ -74,8 +74,17 @@ EQUIVALENT: dict[tuple[str, str], str] = {}
 _STATUS = re.compile(r"^\s+(\S+): (.+)$")
 
 
+def _in_package(name: str) -> str:
+    """Where a checkout file lies in the copy: search/, evaluators/ and grammars/ inside einspace/,
+    as in an installed package, so that mutmut's module names (from paths) are the imported ones."""
+    top = name.split("/", 1)[0]
+    return f"einspace/{name}" if top in ("search", "evaluators", "grammars") else name
+
+
 def _copy_checkout(target: Path) -> None:
-    """The tracked and untracked-but-not-ignored files of the checkout, copied to `target`."""
+    """The tracked and untracked-but-not-ignored files of the checkout, copied to `target` (the
+    three top-level subpackages both where they are, for tests that read files there, and inside
+    einspace/, where they are imported from)."""
     listed = (
         subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -90,18 +99,18 @@ def _copy_checkout(target: Path) -> None:
         source = ROOT / name
         if not source.is_file():
             continue
-        dest = target / name
-        if dest.is_file() and dest.read_bytes() == source.read_bytes():
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, dest)
+        for dest in {target / name, target / _in_package(name)}:
+            if dest.is_file() and dest.read_bytes() == source.read_bytes():
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest)
 
 
 def _setup_cfg(module: str, tests: tuple[str, ...]) -> str:
     lines = [
         "[mutmut]",
-        "source_paths =\n    einspace\n    search\n    evaluators\n    grammars",
-        f"only_mutate =\n    {module}",
+        "source_paths =\n    einspace",
+        f"only_mutate =\n    {_in_package(module)}",
         "pytest_add_cli_args_test_selection =\n" + "\n".join(f"    {t}" for t in tests),
         "pytest_add_cli_args =\n    -x\n    -q\n    -p\n    no:cacheprovider",
         "use_git_change_detection = false",
@@ -120,7 +129,7 @@ def run_module(
     (work / "setup.cfg").write_text(_setup_cfg(module, tests))
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    dotted = module.removesuffix(".py").replace("/", ".")
+    dotted = _in_package(module).removesuffix(".py").replace("/", ".")
     patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
     subprocess.run(
         [*mutmut, "run", "--max-children", str(children), *patterns],
