@@ -140,3 +140,15 @@ def test_reweighting_one_alternative_just_below_one(tmp_path: Path) -> None:
     g = _child(tmp_path, "M @= C @ 0.9\n")
     # the other two had 0.3 each: they share the remaining 0.1 in that ratio
     assert _probabilities(g.rules_for("M")[0]) == pytest.approx({"M M": 0.05, "C": 0.9, "R M": 0.05})
+
+
+def test_the_guards_listed_join_their_conditions_with_and(tmp_path: Path) -> None:
+    (tmp_path / "base.pcfg").write_text(BASE.replace("R if b == 2 ->", "R if b == 2 and mode == im ->"))
+    path = tmp_path / "child.pcfg"
+    path.write_text('extends "base.pcfg"\nR if b == 3 += norm\n')
+    with pytest.raises(GrammarError) as info:
+        load_grammar(path)
+    assert (
+        info.value.message
+        == "R has no rule with the guard `b == 3` (its guards: b == 2 and mode == im; no guard)"
+    )
