@@ -129,3 +129,15 @@ def test_a_network_loss_alone_counts_and_a_module_term_alone_counts(total_loss: 
     assert float(only_term()) == 0.0
     assert only_term.epoch_metrics() == {"aux/a": 4.0}
     assert only_term.final_metrics() == {}
+
+
+def test_every_entry_is_checked_after_a_network_loss(total_loss: None) -> None:
+    message = _refused({"mutation_total": 0.5, "sparsity": -1})
+    assert message == "setting auxiliary_losses.sparsity: the weight must be a number >= 0, got -1"
+    message = _refused({"mutation_total": {"scale": 1.0}, "sparsity": {"weight": 1}})
+    assert "(network losses: complexity, mutation_total)" in message
+
+
+def test_a_network_loss_without_a_weight_weighs_one(total_loss: None) -> None:
+    objective = AuxiliaryObjective(nn.Sequential(Term("a", 0.0)), None, {"mutation_total": {"scale": 2.0}})
+    assert float(objective()) == pytest.approx(2.0)  # 0 from the term, 2 * 1 module at weight 1
