@@ -102,3 +102,12 @@ def test_identity_changes_shortens_long_values_past_sixty_characters() -> None:
     sixty_one = "x" * 59
     assert identity_changes({"a": sixty}, {"a": 1}) == [f'a: "{sixty}" -> 1']
     assert identity_changes({"a": sixty_one}, {"a": 1}) == ['a: "' + "x" * 56 + "... -> 1"]
+
+
+def test_identity_changes_after_a_key_the_old_store_lacked_are_still_found() -> None:
+    assert identity_changes({"b": 1}, {"a": 0, "b": 2}) == ["b: 1 -> 2"]
+
+
+def test_identity_of_a_strategy_without_an_evaluations_setting(tmp_path: Path) -> None:
+    e = experiment(tmp_path, strategy={"name": "random_search", "settings": {}})
+    assert e.identity()["strategy"] == {"name": "random_search", "settings": {}}
