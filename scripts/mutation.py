@@ -52,7 +52,11 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("tests/test_trainable.py", "tests/test_mutation_auxiliary.py"),
     ),
     "optimiser groups": ("evaluators/optim.py", (), ("tests/test_training.py",)),
-    "learned probabilities": ("einspace/grammar/learning.py", (), ("tests/test_learned_probabilities.py",)),
+    "learned probabilities": (
+        "einspace/grammar/learning.py",
+        (),
+        ("tests/test_learned_probabilities.py", "tests/test_mutation_learning.py"),
+    ),
     "exact sampler": ("einspace/sampling/exact.py", (), ("tests/test_exact_sampling.py",)),
     "XD ops": ("einspace/ops/xd.py", (), ("tests/test_xd.py",)),
     "XD modules": ("einspace/ops/_xd_modules.py", (), ("tests/test_xd.py",)),
