@@ -91,6 +91,31 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "einspace/grammar/compose.py",
         "einspace.grammar.compose.x__reweight__mutmut_62",
     ): _AT_TOLERANCE,  # > -> >=
+    **{
+        ("evaluators/auxiliary.py", f"einspace.evaluators.auxiliary.{name}"): why
+        for name, why in {
+            "x_check_auxiliary_settings__mutmut_11": "the default weight is only checked >= 0: 2 passes as 1 does",
+            "x_check_auxiliary_settings__mutmut_38": "n=3 instead of 1: only the best match, close[0], is used",
+            "x_check_auxiliary_settings__mutmut_40": "n=2 instead of 1: only the best match, close[0], is used",
+            "x_check_auxiliary_settings__mutmut_50": "'none' is unreachable: complexity is always registered",
+            "x_check_auxiliary_settings__mutmut_51": "'none' is unreachable: complexity is always registered",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_5": "with the providers given the network is not read",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_6": "no providers: found again from the network, the same list",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_8": "no providers: found again from the network, the same list",
+            "xǁAuxiliaryObjectiveǁ__init____mutmut_2": "self.network is read only next to the providers (above)",
+        }.items()
+    },
+    **{
+        ("einspace/grammar/learning.py", f"einspace.grammar.learning.x_{name}__mutmut_{n}"): why
+        for name, numbers, why in (
+            ("with_probabilities", (6, 9, 10), "zip(strict=...): the lengths were compared just above"),
+            ("with_probabilities", (33, 36, 37), "zip(strict=...): the row's length was compared just above"),
+            ("_estimate", (4, 7, 8, 18, 21, 22), "zip(strict=...): counts are made from the same rules"),
+            ("learn_probabilities", (44, 47, 48, 51, 54, 55), "zip(strict=...): rows of the same rules"),
+            ("with_probabilities", (18,), "> -> >=: differs only for a sum exactly 1e-9 away from 1"),
+        )
+        for n in numbers
+    },
 }
 
 _STATUS = re.compile(r"^\s+(\S+): (.+)$")
@@ -119,7 +144,7 @@ def _copy_checkout(target: Path) -> None:
     )
     for name in filter(None, listed):
         source = ROOT / name
-        if not source.is_file():
+        if name.startswith((".mutation/", ".venv/")) or not source.is_file():
             continue
         for dest in {target / name, target / _in_package(name)}:
             if dest.is_file() and dest.read_bytes() == source.read_bytes():
