@@ -94,15 +94,15 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     **{
         ("evaluators/auxiliary.py", f"einspace.evaluators.auxiliary.{name}"): why
         for name, why in {
-            "x_check_auxiliary_settings__mutmut_11": "the default weight is only checked >= 0: 2 passes as 1 does",
-            "x_check_auxiliary_settings__mutmut_38": "n=3 instead of 1: only the best match, close[0], is used",
-            "x_check_auxiliary_settings__mutmut_40": "n=2 instead of 1: only the best match, close[0], is used",
+            "x_check_auxiliary_settings__mutmut_11": "default weight only checked >= 0",
+            "x_check_auxiliary_settings__mutmut_38": "n=3: only close[0] is read",
+            "x_check_auxiliary_settings__mutmut_40": "n=2: only close[0] is read",
             "x_check_auxiliary_settings__mutmut_50": "'none' is unreachable: complexity is always registered",
             "x_check_auxiliary_settings__mutmut_51": "'none' is unreachable: complexity is always registered",
-            "xǁAuxiliaryObjectiveǁ__call____mutmut_5": "with the providers given the network is not read",
-            "xǁAuxiliaryObjectiveǁ__call____mutmut_6": "no providers: found again from the network, the same list",
-            "xǁAuxiliaryObjectiveǁ__call____mutmut_8": "no providers: found again from the network, the same list",
-            "xǁAuxiliaryObjectiveǁ__init____mutmut_2": "self.network is read only next to the providers (above)",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_5": "network unread, providers given",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_6": "providers found again: same list",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_8": "providers found again: same list",
+            "xǁAuxiliaryObjectiveǁ__init____mutmut_2": "network unread, providers given",
         }.items()
     },
     **{
