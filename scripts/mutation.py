@@ -113,6 +113,11 @@ EQUIVALENT: dict[tuple[str, str], str] = {
             ("_estimate", (4, 7, 8, 18, 21, 22), "zip(strict=...): counts are made from the same rules"),
             ("learn_probabilities", (44, 47, 48, 51, 54, 55), "zip(strict=...): rows of the same rules"),
             ("with_probabilities", (18,), "> -> >=: differs only for a sum exactly 1e-9 away from 1"),
+            (
+                "learn_probabilities",
+                (91,),
+                "/ for //: from (0, 32) every interval halves, good + bad is even",
+            ),
         )
         for n in numbers
     },
