@@ -1,0 +1,236 @@
+"""Mutation testing of chosen modules with mutmut: each module against only the tests that cover it.
+
+Slow and not part of CI. Install the tool with `pip install -c constraints.txt -e ".[mutation]"`,
+then:
+
+    nice -n 15 .venv/bin/python scripts/mutation.py                  # every module in MODULES
+    nice -n 15 .venv/bin/python scripts/mutation.py compose learning # modules whose path contains a word
+    nice -n 15 .venv/bin/python scripts/mutation.py --survivors compose  # and list the survivors
+
+Each module runs in its own copy of the checkout under .mutation/<name>/ (git-ignored), where a
+generated setup.cfg tells mutmut to mutate that one file and to select from its test files only;
+a second run of the same module reuses mutmut's cache there. It prints, per module: mutants,
+killed, survived, timeout, the mutants judged equivalent (EQUIVALENT below, with the reason) and
+the score: killed / (mutants - equivalent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutation"
+
+#: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
+#: cover it: the only ones mutmut may run for its mutants). A function is mutmut's mangled name
+#: without the module: `x_name` for a function, `xǁClassǁmethod` for a method.
+MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "run identity": (
+        "search/config.py",
+        ("xǁExperimentǁidentity", "x_grammar_digest", "x__file_digest"),
+        ("tests/test_search_config.py", "tests/test_mutation_identity.py"),
+    ),
+    "run identity changes": (
+        "search/loop.py",
+        ("x_identity_changes", "x__short"),
+        ("tests/test_search_config.py", "tests/test_mutation_identity.py"),
+    ),
+    "grammar composition": (
+        "einspace/grammar/compose.py",
+        (),
+        ("tests/test_compose.py", "tests/test_grammar.py", "tests/test_mutation_compose.py"),
+    ),
+    "auxiliary losses": (
+        "evaluators/auxiliary.py",
+        (),
+        ("tests/test_trainable.py", "tests/test_mutation_auxiliary.py"),
+    ),
+    "optimiser groups": ("evaluators/optim.py", (), ("tests/test_training.py",)),
+    "learned probabilities": (
+        "einspace/grammar/learning.py",
+        (),
+        ("tests/test_learned_probabilities.py", "tests/test_mutation_learning.py"),
+    ),
+    "exact sampler": ("einspace/sampling/exact.py", (), ("tests/test_exact_sampling.py",)),
+    "XD ops": ("einspace/ops/xd.py", (), ("tests/test_xd.py",)),
+    "XD modules": ("einspace/ops/_xd_modules.py", (), ("tests/test_xd.py",)),
+    "NOS ops": ("einspace/ops/nos.py", (), ("tests/test_nos.py",)),
+    "NOS modules": ("einspace/ops/_nos_modules.py", (), ("tests/test_nos.py",)),
+    "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py",)),
+    "DNArch modules": ("einspace/ops/_dnarch_modules.py", (), ("tests/test_dnarch.py",)),
+    "export": ("einspace/network/export/writer.py", (), ("tests/test_export.py",)),
+    "fx import": ("einspace/network/importer/converter.py", (), ("tests/test_fx_import.py",)),
+    "fx import layers": ("einspace/network/importer/layers.py", (), ("tests/test_fx_import.py",)),
+    "workers": ("search/executors.py", (), ("tests/test_workers.py",)),
+}
+
+#: (file, mutant name) -> why the mutant cannot change behaviour (not counted in the score).
+#: Mutant names are mutmut's: <module path as dots>.x_<function>__mutmut_<n>; for methods
+#: <module>.xǁ<Class>ǁ<method>__mutmut_<n>.
+_AT_TOLERANCE = (
+    "differs only when a float sum lands exactly on 1 ± 1e-6, which no probabilities written with "
+    "a few digits produce (1 - fl(1e-6) is not a double near 1)"
+)
+EQUIVALENT: dict[tuple[str, str], str] = {
+    ("einspace/grammar/compose.py", "einspace.grammar.compose.x__add__mutmut_19"): _AT_TOLERANCE,  # <= -> <
+    (
+        "einspace/grammar/compose.py",
+        "einspace.grammar.compose.x__reweight__mutmut_40",
+    ): _AT_TOLERANCE,  # > -> >=
+    (
+        "einspace/grammar/compose.py",
+        "einspace.grammar.compose.x__reweight__mutmut_44",
+    ): _AT_TOLERANCE,  # >= -> >
+    (
+        "einspace/grammar/compose.py",
+        "einspace.grammar.compose.x__reweight__mutmut_62",
+    ): _AT_TOLERANCE,  # > -> >=
+    **{
+        ("evaluators/auxiliary.py", f"einspace.evaluators.auxiliary.{name}"): why
+        for name, why in {
+            "x_check_auxiliary_settings__mutmut_11": "default weight only checked >= 0",
+            "x_check_auxiliary_settings__mutmut_38": "n=3: only close[0] is read",
+            "x_check_auxiliary_settings__mutmut_40": "n=2: only close[0] is read",
+            "x_check_auxiliary_settings__mutmut_50": "'none' is unreachable: complexity is always registered",
+            "x_check_auxiliary_settings__mutmut_51": "'none' is unreachable: complexity is always registered",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_5": "network unread, providers given",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_6": "providers found again: same list",
+            "xǁAuxiliaryObjectiveǁ__call____mutmut_8": "providers found again: same list",
+            "xǁAuxiliaryObjectiveǁ__init____mutmut_2": "network unread, providers given",
+        }.items()
+    },
+    **{
+        ("einspace/grammar/learning.py", f"einspace.grammar.learning.x_{name}__mutmut_{n}"): why
+        for name, numbers, why in (
+            ("with_probabilities", (6, 9, 10), "zip(strict=...): the lengths were compared just above"),
+            ("with_probabilities", (33, 36, 37), "zip(strict=...): the row's length was compared just above"),
+            ("_estimate", (4, 7, 8, 18, 21, 22), "zip(strict=...): counts are made from the same rules"),
+            ("learn_probabilities", (44, 47, 48, 51, 54, 55), "zip(strict=...): rows of the same rules"),
+            ("with_probabilities", (18,), "> -> >=: differs only for a sum exactly 1e-9 away from 1"),
+            (
+                "learn_probabilities",
+                (91,),
+                "/ for //: from (0, 32) every interval halves, good + bad is even",
+            ),
+        )
+        for n in numbers
+    },
+}
+
+_STATUS = re.compile(r"^\s+(\S+): (.+)$")
+
+
+def _in_package(name: str) -> str:
+    """Where a checkout file lies in the copy: search/, evaluators/ and grammars/ inside einspace/,
+    as in an installed package, so that mutmut's module names (from paths) are the imported ones."""
+    top = name.split("/", 1)[0]
+    return f"einspace/{name}" if top in ("search", "evaluators", "grammars") else name
+
+
+def _copy_checkout(target: Path) -> None:
+    """The tracked and untracked-but-not-ignored files of the checkout, copied to `target` (the
+    three top-level subpackages both where they are, for tests that read files there, and inside
+    einspace/, where they are imported from)."""
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, listed):
+        source = ROOT / name
+        if name.startswith((".mutation/", ".venv/")) or not source.is_file():
+            continue
+        for dest in {target / name, target / _in_package(name)}:
+            if dest.is_file() and dest.read_bytes() == source.read_bytes():
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest)
+
+
+def _setup_cfg(module: str, tests: tuple[str, ...]) -> str:
+    lines = [
+        "[mutmut]",
+        "source_paths =\n    einspace",
+        "also_copy =\n    grammars\n    search\n    evaluators\n    experiments",
+        f"only_mutate =\n    {_in_package(module)}",
+        "pytest_add_cli_args_test_selection =\n" + "\n".join(f"    {t}" for t in tests),
+        "pytest_add_cli_args =\n    -x\n    -q\n    -p\n    no:cacheprovider",
+        "use_git_change_detection = false",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_module(
+    module: str, functions: tuple[str, ...], tests: tuple[str, ...], children: int
+) -> dict[str, str]:
+    """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant."""
+    work = WORK / module.replace("/", "_").removesuffix(".py")
+    work.mkdir(parents=True, exist_ok=True)
+    _copy_checkout(work)
+    tests = tuple(t for t in tests if (ROOT / t).is_file())
+    (work / "setup.cfg").write_text(_setup_cfg(module, tests))
+    mutmut = [sys.executable, "-m", "mutmut"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    dotted = _in_package(module).removesuffix(".py").replace("/", ".")
+    patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
+    subprocess.run(
+        [*mutmut, "run", "--max-children", str(children), *patterns],
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    out = subprocess.run(
+        [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
+    ).stdout
+    statuses = {m.group(1): m.group(2).strip() for m in map(_STATUS.match, out.splitlines()) if m}
+    if functions:
+        statuses = {
+            k: v for k, v in statuses.items() if any(f"{dotted}.{f}__mutmut_" in k for f in functions)
+        }
+    return statuses
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("words", nargs="*", help="run the modules whose path contains one of these")
+    parser.add_argument("--survivors", action="store_true", help="list surviving mutants")
+    parser.add_argument("--children", type=int, default=2, help="mutants run at once (default 2)")
+    args = parser.parse_args()
+    chosen = [m for m in MODULES if not args.words or any(w in m or w in MODULES[m][0] for w in args.words)]
+    rows = []
+    for name in chosen:
+        module, functions, tests = MODULES[name]
+        statuses = run_module(module, functions, tests, args.children)
+        equivalent = {m for (mod, m) in EQUIVALENT if mod == module and m in statuses}
+        counted = {k: v for k, v in statuses.items() if k not in equivalent}
+        killed = sum(v == "killed" for v in counted.values())
+        survived = sorted(k for k, v in counted.items() if v == "survived")
+        timeout = sum(v == "timeout" for v in counted.values())
+        other = sorted(f"{k} ({v})" for k, v in counted.items() if v not in ("killed", "survived", "timeout"))
+        # a timeout is a mutant the tests stopped (usually an endless loop): it counts as killed
+        score = (killed + timeout) / len(counted) if counted else float("nan")
+        rows.append((name, len(statuses), killed, len(survived), timeout, len(equivalent), score))
+        if args.survivors:
+            for mutant in survived + other:
+                print(f"  {name}: {mutant}")
+    print(
+        f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7} {'equiv':>5} {'score':>6}"
+    )
+    for module, n, killed, survived, timeout, equivalent, score in rows:
+        print(f"{module:24} {n:7} {killed:6} {survived:8} {timeout:7} {equivalent:5} {score:6.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
