@@ -51,39 +51,23 @@ class _Elementwise(UnaryOperation):
         return self.per_element * _numel(state)
 
 
-@register_op
-class ReLU(_Elementwise):
-    """max(x, 0)."""
+#: The activations: operation name -> (torch module, FLOPs per element, what it computes).
+ACTIVATIONS = {
+    "relu": ("ReLU", 1, "max(x, 0)."),
+    "relu6": ("ReLU6", 2, "min(max(x, 0), 6)."),
+    "gelu": ("GELU", 8, "x·Φ(x), with the exact (erf) Φ."),
+    "silu": ("SiLU", 4, "x·σ(x) (swish)."),
+    "hardswish": ("Hardswish", 4, "x·min(max(x + 3, 0), 6)/6."),
+}
 
-    name, module_name, per_element = "relu", "ReLU", 1
-
-
-@register_op
-class ReLU6(_Elementwise):
-    """min(max(x, 0), 6)."""
-
-    name, module_name, per_element = "relu6", "ReLU6", 2
-
-
-@register_op
-class GELU(_Elementwise):
-    """x·Φ(x), with the exact (erf) Φ."""
-
-    name, module_name, per_element = "gelu", "GELU", 8
-
-
-@register_op
-class SiLU(_Elementwise):
-    """x·σ(x) (swish)."""
-
-    name, module_name, per_element = "silu", "SiLU", 4
-
-
-@register_op
-class Hardswish(_Elementwise):
-    """x·min(max(x + 3, 0), 6)/6."""
-
-    name, module_name, per_element = "hardswish", "Hardswish", 4
+for _name, (_module, _flops, _doc) in ACTIVATIONS.items():
+    register_op(
+        type(
+            _module,
+            (_Elementwise,),
+            {"__doc__": _doc, "name": _name, "module_name": _module, "per_element": _flops},
+        )
+    )
 
 
 def _probability(value: float) -> str | None:
