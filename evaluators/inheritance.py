@@ -115,11 +115,12 @@ class Lineage:
         if self.inheritance.parent is None:
             return {}
         total = sum(p.numel() for p in self.network.parameters())
-        saved = self._read(self.inheritance.parent)
-        if saved is None:
+        read = self._read(self.inheritance.parent)
+        if read is None:
             return {"inherited_params": 0.0, "inherited_share": 0.0, "inheritance_missing": 1.0}
+        saved, parent_tree = read
         inherited = 0
-        for path in unchanged_terminals(self.checked.tree, parse_tree(saved["tree"])):
+        for path in unchanged_terminals(self.checked.tree, parent_tree):
             entry = saved["terminals"].get(_key(path))
             modules = self.terminals.get(path, [])
             if entry is None or entry["reads"] != self._reads(path) or len(entry["states"]) != len(modules):
@@ -142,16 +143,18 @@ class Lineage:
         module.load_state_dict(state)
         return sum(p.numel() for p in module.parameters())
 
-    def _read(self, path: str | None) -> dict[str, Any] | None:
+    @staticmethod
+    def _read(path: str | None) -> tuple[dict[str, Any], Node] | None:
+        """The parent's saved weights and its tree (None: no usable file)."""
         if path is None or not Path(path).is_file():
             return None
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
-            parse_tree(saved["tree"])
+            tree = parse_tree(saved["tree"])
         except Exception:  # noqa: BLE001 - any unusable file means: start fresh
             return None
         ok = isinstance(saved, dict) and isinstance(saved.get("terminals"), dict)
-        return saved if ok else None
+        return (saved, tree) if ok else None
 
     def save(self, trained: nn.Module) -> dict[str, float]:
         """Write the trained weights of `trained` (the network this lineage was built on, maybe

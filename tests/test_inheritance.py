@@ -15,8 +15,9 @@ from einspace.evaluators.inheritance import Lineage, unchanged_terminals
 from einspace.grammar.parser import load_grammar
 from einspace.network.compiler import compile_network, lower_network
 from einspace.search.inherited_weights import WEIGHTS_FOLDER
-from einspace.search.loop import SearchRun
+from einspace.search.loop import SearchRun, _Session
 from einspace.search.report import compute_rows
+from einspace.search.strategy import Candidate
 from einspace.state import input_state
 from einspace.tree import parse_tree
 
@@ -234,3 +235,25 @@ def test_a_search_inherits_and_keeps_only_its_living_parents_weights(tmp_path):
     assert kept <= population and kept
     _, rows = compute_rows(history)
     assert any(what == "weights inherited" for what, _ in rows)
+
+
+def test_pruning_keeps_the_files_of_what_is_in_flight_and_of_its_first_parent(tmp_path):
+    """A parent that aged out of the population while its child trains keeps its file until the
+    child is done (the child reads it), and so does the child's own (it is being written)."""
+    e = _inheriting(tmp_path, 12)
+    with SearchRun.start(e) as run:
+        run.run(e.make_executor(), max_results=8)
+        live = {run.store.get(i).hash for i in run.strategy.live_parents()}
+        aged = next(r for r in run.store.history() if r.status == "ok" and r.hash not in live)
+        session = _Session(run, e.make_executor(), None, None, None)
+        session.weights.path(aged.hash).write_bytes(b"kept while its child trains")
+        session.weights.saved(aged.hash)
+        child = Candidate(99, aged.tree, "in-flight-hash", "mutation", (aged.id,))
+        session.in_flight[child.id] = child
+        assert {aged.hash, "in-flight-hash"} <= session._live_weights()
+        session.weights.prune(session._live_weights())
+        assert session.weights.path(aged.hash).is_file()
+        del session.in_flight[child.id]
+        session.weights.prune(session._live_weights())
+        assert not session.weights.path(aged.hash).exists()
+        assert aged.hash not in session._live_weights()

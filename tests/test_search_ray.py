@@ -124,6 +124,39 @@ def test_ray_search_with_successive_halving_keeps_every_slot_busy(tmp_path, shar
     assert len(busy) > 10 and min(busy) == 2
 
 
+def test_ray_workers_save_and_inherit_weights_through_the_run_directory(tmp_path, shared):
+    """Workers write each trained network to the run's weights folder and children read their
+    parent's file there (nothing passes through the driver); the folder keeps the living only.
+    One evaluation in flight: the history is then the in-process one (which has children that
+    inherit); with two, which children keep part of their parent varies from run to run."""
+    settings = {
+        **{"dataset": "digits", "epochs": 1, "batch_size": 64, "threads": 1, "device": "cpu"},
+        **{"train_subset": 256, "valid_subset": 128, "inherit_weights": True},
+    }
+    e = ray_experiment(
+        tmp_path,
+        input={"shape": [1, 8, 8]},
+        limits={"max_depth": 10, "max_nodes": 40, "max_params": 20000},
+        evaluator={"name": "training", "settings": settings},
+        strategy={"settings": {"evaluations": 12, "population": 4, "tournament": 2}},
+        executor={"max_in_flight": 1},
+    )
+    store, shared.max_in_flight = open_store(e), 1
+    try:
+        assert run_search(e, shared, store).finished
+        history = store.history()
+        live = {store.get(i).hash for i, _, _ in store.load_checkpoint()["population"]}
+    finally:
+        store.close()
+        shared.max_in_flight = 2
+    children = [r for r in history if r.origin == "mutation" and r.status == "ok"]
+    assert children and all(r.worker for r in children)
+    assert any(r.metrics["inherited_share"] > 0 for r in children)
+    assert all(r.metrics["inheritance_missing"] == 0 for r in children)
+    kept = {p.stem for p in (tmp_path / "weights").glob("*.pt")}
+    assert kept and kept <= live
+
+
 def test_ray_with_one_in_flight_reproduces_the_in_process_history(tmp_path, shared):
     shared.max_in_flight = 1
     try:
