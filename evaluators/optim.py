@@ -16,8 +16,10 @@ rises linearly over them), `freeze_epochs` (the group does not move during them:
 warm-up for XD architecture parameters, in which only the weights train). Unless overridden,
 architecture parameters use Adam, lr 1e-3, no weight decay (`ARCHITECTURE_DEFAULTS`; options
 given replace these one by one, and an `lr_scale` given replaces the default `lr`); every
-other group gets the base SGD settings, which is the einspace paper's recipe. The base schedule
-(cosine, step, constant) applies to every group.
+other group gets the base settings: the training setting `optimizer` (SGD by default, the einspace
+paper's recipe; Adam trains networks without normalisation far more reliably, which matters from
+scratch), `lr`, `momentum`, `weight_decay`. The base schedule (cosine, step, constant) applies
+to every group.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "BUILTIN_KINDS",
     "GROUP_ATTRIBUTE",
     "GROUP_OPTIONS",
+    "OPTIMIZERS",
     "Optimizers",
     "build_optimizer",
     "check_param_groups",
@@ -56,7 +59,8 @@ BUILTIN_KINDS = (ARCHITECTURE, "norm_bias", "weights")
 #: The optimiser of architecture parameters unless the settings say otherwise.
 ARCHITECTURE_DEFAULTS: dict[str, Any] = {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0}
 
-_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+#: The optimisers the training setting `optimizer` and a group's `optimizer` option may name.
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,
@@ -158,6 +162,7 @@ def _schedule(
 def build_optimizer(
     model: nn.Module,
     *,
+    optimizer: str = "sgd",
     lr: float,
     momentum: float,
     weight_decay: float,
@@ -184,7 +189,7 @@ def build_optimizer(
         groups = {"empty": [nn.Parameter(torch.zeros(1))]}
     for kind, params in groups.items():
         options = _options(kind, overrides.get(kind, {}))
-        name = options.get("optimizer", "sgd")
+        name = options.get("optimizer", optimizer)
         group: dict[str, Any] = {
             "params": params,
             "name": kind,
@@ -202,8 +207,8 @@ def build_optimizer(
         entry[1].append(_frozen_then(_with_warmup(base, warmup), frozen))
     pairs = []
     for name, (param_groups, factors) in by_optimizer.items():
-        optimizer = _OPTIMIZERS[name](param_groups, lr=lr)
-        pairs.append((optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factors)))
+        stepper = OPTIMIZERS[name](param_groups, lr=lr)
+        pairs.append((stepper, torch.optim.lr_scheduler.LambdaLR(stepper, factors)))
     return Optimizers(pairs)
 
 
@@ -241,10 +246,10 @@ def _check_options(kind: str, options: dict[str, Any]) -> None:
             f"setting param_groups.{kind}: unknown option(s) {', '.join(sorted(unknown))} "
             f"(known: {', '.join(GROUP_OPTIONS)})"
         )
-    if options.get("optimizer", "sgd") not in _OPTIMIZERS:
+    if options.get("optimizer", "sgd") not in OPTIMIZERS:
         raise EinspaceError(
             f"setting param_groups.{kind}: unknown optimizer {options['optimizer']!r} "
-            f"(known: {', '.join(_OPTIMIZERS)})"
+            f"(known: {', '.join(OPTIMIZERS)})"
         )
     if "lr" in options and "lr_scale" in options:
         raise EinspaceError(f"setting param_groups.{kind}: give lr or lr_scale, not both")

@@ -53,7 +53,7 @@ from einspace.evaluators.continuation import Resumption
 from einspace.evaluators.datasets import Dataset, load_dataset
 from einspace.evaluators.inheritance import Lineage
 from einspace.evaluators.objectives import Objective, objective_for
-from einspace.evaluators.optim import Optimizers, build_optimizer, check_param_groups
+from einspace.evaluators.optim import OPTIMIZERS, Optimizers, build_optimizer, check_param_groups
 from einspace.evaluators.time_budget import Laps, Progress, Projection, forecast_run
 from einspace.evaluators.time_model import Forecast
 from einspace.grammar.model import Grammar
@@ -76,8 +76,9 @@ class TrainingSettings:
     dataset: str = "digits"  # built-in name, Unseen NAS directory, or .npz file
     epochs: int = 8
     batch_size: int = 256
+    optimizer: str = "sgd"  # sgd (the paper's) | adam | adamw: every group a `param_groups` entry leaves
     lr: float = 0.04
-    momentum: float = 0.9
+    momentum: float = 0.9  # sgd only
     weight_decay: float = 3e-4
     nesterov: bool = False
     schedule: str = "cosine"  # cosine | step | constant (stepped per batch)
@@ -129,6 +130,10 @@ class TrainingSettings:
                 f"setting {name} must be a number >= 0, got {value!r}"
                 + (" (YAML reads 1.0e9 as text; write 1.0e+9)" if isinstance(value, str) else ""),
             )
+        require(
+            self.optimizer in OPTIMIZERS,
+            f"setting optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}",
+        )
         require(
             self.schedule in ("cosine", "step", "constant"),
             "setting schedule must be cosine, step or constant",
@@ -241,6 +246,7 @@ def _build(
     network = runtime.prepare_model(network)
     optimizers = build_optimizer(
         network,
+        optimizer=settings.optimizer,
         lr=settings.lr,
         momentum=settings.momentum,
         weight_decay=settings.weight_decay,

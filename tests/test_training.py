@@ -198,6 +198,37 @@ def test_parameter_groups_by_kind_and_overrides() -> None:
     assert by_name["architecture"]["lr"] == pytest.approx(0.05 * 0.25)  # warm-up: step 1 of 4
 
 
+def test_the_optimizer_setting_chooses_every_group_that_param_groups_leaves() -> None:
+    """`optimizer: adam` moves weights and norm/bias parameters with Adam at the base lr (no
+    momentum option reaches it); a group's own `optimizer` still wins, and architecture
+    parameters keep their Adam default."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    alpha = nn.Parameter(torch.zeros(3))
+    alpha.einspace_group = "architecture"
+    model.register_parameter("alpha", alpha)
+    common = dict(momentum=0.9, weight_decay=0.0, nesterov=False, schedule="constant", milestones=(),
+                  gamma=0.1, steps_per_epoch=1, epochs=1)  # fmt: skip
+    adam = build_optimizer(model, optimizer="adam", lr=0.003, **common)
+    kinds = {g["name"]: type(o).__name__ for o in adam.optimizers for g in o.param_groups}
+    assert kinds == {"weights": "Adam", "norm_bias": "Adam", "architecture": "Adam"}
+    assert {g["name"]: g["lr"] for g in adam.param_groups} == {
+        "weights": 0.003, "norm_bias": 0.003, "architecture": 0.001}  # fmt: skip
+    sgd_norms = {"norm_bias": {"optimizer": "sgd"}}
+    mixed = build_optimizer(model, optimizer="adam", lr=0.003, overrides=sgd_norms, **common)
+    kinds = {g["name"]: type(o).__name__ for o in mixed.optimizers for g in o.param_groups}
+    assert kinds == {"weights": "Adam", "norm_bias": "SGD", "architecture": "Adam"}
+    plain = build_optimizer(model, lr=0.04, **common)
+    assert {type(o).__name__ for o in plain.optimizers} == {"SGD", "Adam"}  # the default: SGD, paper's recipe
+    # Adam takes one step of lr x sign(gradient) on a fresh parameter: not SGD's lr x gradient
+    w = model[0].weight
+    before = w.detach().clone()
+    model(torch.randn(8, 4)).pow(2).sum().backward()
+    adam.step()
+    assert torch.allclose((before - w.detach()).abs(), torch.full_like(w, 0.003), rtol=1e-3)
+    with pytest.raises(EinspaceError, match="setting optimizer must be one of sgd, adam, adamw, got 'adma'"):
+        get_evaluator("training", {"optimizer": "adma"})
+
+
 def test_settings_errors_name_the_setting() -> None:
     with pytest.raises(EinspaceError, match="setting epochs must be a positive integer"):
         get_evaluator("training", {"epochs": 0})
