@@ -14,7 +14,7 @@ import yaml
 QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
 MEMORY_LIMIT_GB = 6  # per search process
 #: The settings the retraining on train+valid keeps from the search's (no time limit, no budgets).
-RETRAINING_KEYS = ("epochs", "batch_size", "threads")
+RETRAINING_KEYS = ("epochs", "batch_size", "threads", "optimizer", "lr", "momentum", "weight_decay")
 
 
 def quickstart() -> dict[str, Any]:
@@ -42,8 +42,8 @@ def confine_worker(memory_gb: float | None = MEMORY_LIMIT_GB) -> None:
 
 
 def retraining(settings: dict[str, Any]) -> dict[str, Any]:
-    """The retraining on train+valid of a search with evaluator `settings`: its epochs, batch size
-    and threads."""
+    """The retraining on train+valid of a search with evaluator `settings`: its epochs, batch size,
+    threads and optimiser."""
     return {key: settings[key] for key in RETRAINING_KEYS if key in settings}
 
 

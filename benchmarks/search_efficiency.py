@@ -437,18 +437,29 @@ Split = tuple[np.ndarray, np.ndarray]
 
 
 def _fit(model: str, data: Dataset, train: Split, score: Split, s: TrainingSettings, seed: int) -> float:
-    """Train a plain network as the training evaluator does (SGD, cosine per batch); its accuracy
-    on `score`."""
+    """Train a plain network with the training evaluator's optimiser (its `optimizer`, lr,
+    momentum, weight decay and schedule, stepped per batch); its accuracy on `score`."""
     import torch
     import torch.nn.functional as F
 
+    from einspace.evaluators.optim import build_optimizer
+
     torch.manual_seed(seed)
     net = plain_network(model, data.input_shape, data.classes)
-    opt = torch.optim.SGD(
-        net.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay, nesterov=s.nesterov
-    )
     x, y = (torch.tensor(a) for a in train)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, s.epochs * math.ceil(len(x) / s.batch_size))
+    opt = build_optimizer(
+        net,
+        optimizer=s.optimizer,
+        lr=s.lr,
+        momentum=s.momentum,
+        weight_decay=s.weight_decay,
+        nesterov=s.nesterov,
+        schedule=s.schedule,
+        milestones=s.milestones,
+        gamma=s.gamma,
+        steps_per_epoch=math.ceil(len(x) / s.batch_size),
+        epochs=s.epochs,
+    )
     net.train()
     for _ in range(s.epochs):
         for batch in torch.randperm(len(x)).split(s.batch_size):
@@ -456,7 +467,7 @@ def _fit(model: str, data: Dataset, train: Split, score: Split, s: TrainingSetti
             opt.zero_grad()
             loss.backward()
             opt.step()
-            schedule.step()
+            opt.schedule_step()
     net.eval()
     x, y = (torch.tensor(a) for a in score)
     with torch.no_grad():
@@ -742,7 +753,8 @@ def recipe(tasks: list[Task], budgets: dict[str, float], executor: dict[str, Any
 
     raw, defaults = quickstart(), TrainingSettings()
     settings = {**raw["evaluator"]["settings"], "dataset": "*", "epochs": EPOCHS, "max_seconds": "*"}
-    optimiser = {k: getattr(defaults, k) for k in ("lr", "momentum", "weight_decay", "nesterov", "schedule")}
+    keys = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "schedule")
+    optimiser = {k: settings.get(k, getattr(defaults, k)) for k in keys}
     rungs = default_rungs(HALVING["min_fidelity"], EPOCHS, HALVING["eta"])
     shared = {
         "source": "experiments/quickstart.yaml",
