@@ -118,6 +118,8 @@ STRATEGY_BUDGET = 10**6  # the strategies' own count of evaluations: out of reac
 TARGET_SPEEDUP, TARGET_WASTE = 3, 0.10
 TARGET_SPEEDUP_EVERYTHING = 5  # RE with successive halving, surrogate and inheritance (issue 26)
 SCREEN = 8  # surrogate-screened methods: proposals per trained child
+TARGET_RHO = 0.5  # issue 26: the surrogate's rank correlation once 50 results are in
+LATE_PAIRS = 30  # screened pairs before those predicted from >= 50 results (see _surrogate)
 
 
 @register_strategy
@@ -346,6 +348,7 @@ def run_search(job: Job) -> dict[str, Any]:
             with SearchRun.start(e) as run:
                 run.run(executor, on_result=count, should_stop=lambda: spent >= job.budget)
                 history = run.store.history()
+                checkpoint = run.store.load_checkpoint()
         finally:
             executor.shutdown()
     curve = best_so_far(history)
@@ -360,6 +363,7 @@ def run_search(job: Job) -> dict[str, Any]:
         "failures": Counter(failure_kind(r.error) for r in history if r.status == "failed"),
         "best": best.fitness if best is not None else math.nan,
         **_children(history),
+        "surrogate": _surrogate(checkpoint),
         "test": _retrained(job, best.tree) if best is not None else math.nan,
     }
     if job.method == "RE-seeded":
@@ -373,6 +377,26 @@ def run_search(job: Job) -> dict[str, Any]:
             )
     out["seconds"] = time.perf_counter() - started
     return out
+
+
+def _surrogate(checkpoint: dict[str, Any] | None) -> dict[str, float] | None:
+    """Issue 26's surrogate target: Spearman's rho between the surrogate's prediction for each
+    screened child (made before it trained) and its measured fitness, over all of them and over
+    those predicted once 50 results were in (None: no screening). Screening starts at
+    `surrogate_min_results` (20) results and every screened child adds one, so with one evaluation
+    in flight the pairs from the 31st on were predicted from at least 50."""
+    from einspace.search.surrogate import rank_correlation, screened_pairs
+
+    pairs = screened_pairs(checkpoint)
+    if pairs is None:
+        return None
+    late = pairs[LATE_PAIRS:]
+    return {
+        "all": rank_correlation(pairs),
+        "n": len(pairs),
+        "late": rank_correlation(late),
+        "n_late": len(late),
+    }
 
 
 def _children(history: list[Record]) -> dict[str, float | None]:
@@ -650,6 +674,7 @@ def targets(task: Task, rows: list[dict[str, Any]], searches: list[str]) -> list
             f"evaluations ({worst}, failures: {_kinds(kinds) or 'none'}; target <= {100 * TARGET_WASTE:.0f}%)"
         )
     lines += _inheritance_lines(rows, searches)
+    lines += _surrogate_lines(rows, searches)
     scratch = [m for m in searches if not METHODS[m].seeded]
     mlp = [r["test"] for r in rows if r["method"] == "MLP"]
     if task.mlp_target and scratch and mlp:
@@ -684,6 +709,28 @@ def _inheritance_lines(rows: list[dict[str, Any]], searches: list[str]) -> list[
         lines.append(
             f"(i) {'met' if a >= b else 'not met'}: {m}'s children score {100 * a:.1f}% at equal epochs, "
             f"{without}'s fresh children {100 * b:.1f}%{share}"
+        )
+    return lines
+
+
+def _surrogate_lines(rows: list[dict[str, Any]], searches: list[str]) -> list[str]:
+    """Issue 26's surrogate target per screened method: the mean over seeds of the rank
+    correlation of the children predicted once 50 results were in (and over all screened ones)."""
+    lines = []
+    for m in (m for m in searches if METHODS[m].screen > 1):
+        seen = [r["surrogate"] for r in rows if r["method"] == m and r.get("surrogate")]
+        late = [s["late"] for s in seen if not math.isnan(s["late"])]
+        every = [s["all"] for s in seen if not math.isnan(s["all"])]
+        if not late:
+            lines.append(f"(s) not measured for {m}: no seed screened {LATE_PAIRS + 3} or more children")
+            continue
+        rho = statistics.fmean(late)
+        pairs = sum(s["n_late"] for s in seen)
+        overall = f"; {statistics.fmean(every):.2f} over all screened" if every else ""
+        lines.append(
+            f"(s) {'met' if rho >= TARGET_RHO else 'not met'}: {m}'s surrogate ranks children at "
+            f"Spearman {rho:.2f} once 50 results are in ({pairs} children, {len(late)} seeds{overall}; "
+            f"target >= {TARGET_RHO})"
         )
     return lines
 

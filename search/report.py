@@ -112,16 +112,12 @@ def _inheritance_rows(history: list[Record]) -> list[tuple[str, str]]:
 
 
 def _surrogate_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """The surrogate's rank correlation on the results it screened before they were trained
-    (the strategy's state holds the pairs; a wrapped strategy's is under `base`)."""
-    from einspace.search.surrogate import rank_correlation
+    """The surrogate's rank correlation on the results it screened before they were trained."""
+    from einspace.search.surrogate import rank_correlation, screened_pairs
 
-    state = checkpoint or {}
-    while "base" in state and "surrogate" not in state:
-        state = state["base"]
-    if "surrogate" not in state:
+    pairs = screened_pairs(checkpoint)
+    if pairs is None:
         return []
-    pairs = [(p, -math.inf if m is None else m) for p, m in state["surrogate"]["pairs"]]
     rho = rank_correlation(pairs)
     value = "not yet (fewer than 3 screened results)" if math.isnan(rho) else f"{rho:.2f}"
     return [("surrogate rank correlation (Spearman, screened results)", f"{value} over {len(pairs)}")]

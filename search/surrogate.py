@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from einspace.grammar.model import Grammar
     from einspace.state import FeatureState
 
-__all__ = ["SURROGATES", "Surrogate", "rank_correlation", "tree_features"]
+__all__ = ["SURROGATES", "Surrogate", "rank_correlation", "screened_pairs", "tree_features"]
 
 #: The regressors a surrogate may use: scikit-learn class, and its settings.
 SURROGATES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -84,6 +84,18 @@ def tree_features(
             return features
     features.update(log_params=math.log1p(checked.params), log_flops=math.log1p(checked.flops))
     return features
+
+
+def screened_pairs(checkpoint: dict[str, Any] | None) -> list[tuple[float, float]] | None:
+    """The (predicted, measured) fitness of every child a run's surrogate screened, in the order
+    they came back (a failed one measured -inf), from its checkpoint (a wrapped strategy's state is
+    under `base`); None when the run screens nothing."""
+    state = checkpoint or {}
+    while "base" in state and "surrogate" not in state:
+        state = state["base"]
+    if "surrogate" not in state:
+        return None
+    return [(p, -math.inf if m is None else m) for p, m in state["surrogate"]["pairs"]]
 
 
 def rank_correlation(pairs: list[tuple[float, float]]) -> float:
