@@ -345,7 +345,8 @@ class _Session:
         r = done.result
         outcome = {"fitness": r.fitness, "metrics": r.metrics, "error": r.error, "seconds": r.seconds}
         outcome.update(partial=r.partial, cost=r.cost.to_json())
-        record = self._commit(_record(candidate, status=r.status, worker=done.worker, **outcome))
+        outcome.update(worker=done.worker, node=done.node)
+        record = self._commit(_record(candidate, status=r.status, **outcome))
         if self.weights is not None and r.metrics.get("weights_saved") == 1.0:
             self.weights.saved(candidate.hash)
         self.summary.evaluated += 1

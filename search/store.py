@@ -21,7 +21,7 @@ __all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "State", "Status", "Store"
 
 #: Bumped whenever the tables change; a store written by a newer einspace is refused, not guessed at,
 #: and an older one is upgraded in place when it is opened (`_MIGRATIONS`).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class StoreError(EinspaceError):
@@ -69,6 +69,7 @@ class Record:
     fidelity: int | None = None
     partial: bool = False
     cost: dict[str, float] = field(default_factory=dict)
+    node: str | None = None  # the Ray node it ran on (None: in-process, or a store older than v3)
 
     @property
     def finished(self) -> bool:
@@ -149,7 +150,8 @@ CREATE TABLE IF NOT EXISTS evaluations (
     seq INTEGER UNIQUE,
     fidelity INTEGER,
     partial INTEGER NOT NULL DEFAULT 0,
-    cost TEXT
+    cost TEXT,
+    node TEXT
 );
 CREATE INDEX IF NOT EXISTS evaluations_hash ON evaluations (hash, status);
 CREATE TABLE IF NOT EXISTS checkpoint (
@@ -159,7 +161,7 @@ CREATE TABLE IF NOT EXISTS checkpoint (
 
 _COLUMNS = (
     "id, tree, hash, origin, parents, state, status, fitness, metrics, error, cached_from, "
-    "submitted_at, finished_at, seconds, worker, seq, fidelity, partial, cost"
+    "submitted_at, finished_at, seconds, worker, seq, fidelity, partial, cost, node"
 )
 
 #: Statements that bring a store of version k (the key) to version k + 1.
@@ -169,6 +171,7 @@ _MIGRATIONS = {
         "ALTER TABLE evaluations ADD COLUMN partial INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE evaluations ADD COLUMN cost TEXT",
     ),
+    2: ("ALTER TABLE evaluations ADD COLUMN node TEXT",),
 }
 
 
@@ -224,7 +227,7 @@ class SQLiteStore(Store):
 
     def _upgrade(self, version: int) -> None:
         """Bring an older store to SCHEMA_VERSION in one transaction (what it lacks gets defaults:
-        no fidelity, not partial, no recorded cost)."""
+        no fidelity, not partial, no recorded cost or node)."""
         with self._tx():
             for step in range(version, SCHEMA_VERSION):
                 for statement in _MIGRATIONS[step]:
@@ -274,7 +277,7 @@ class SQLiteStore(Store):
             submitted = record.submitted_at if record.submitted_at is not None else (row[1] if row else None)
             finished_at = record.finished_at if record.finished_at is not None else time.time()
             self._db.execute(
-                f"INSERT OR REPLACE INTO evaluations ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
+                f"INSERT OR REPLACE INTO evaluations ({_COLUMNS}) VALUES ({', '.join('?' * 20)})",
                 (
                     record.id,
                     record.tree,
@@ -295,6 +298,7 @@ class SQLiteStore(Store):
                     record.fidelity,
                     int(record.partial),
                     json.dumps(record.cost),
+                    record.node,
                 ),
             )
         return self.get(record.id)  # type: ignore[return-value]
@@ -322,6 +326,7 @@ class SQLiteStore(Store):
                 fidelity=r[16],
                 partial=bool(r[17]),
                 cost=json.loads(r[18]) if r[18] else {},
+                node=r[19],
             )
             for r in rows
         ]
