@@ -234,6 +234,28 @@ def _verdict(value: float, target: float) -> str:
     return "met" if value <= target else "NOT met"
 
 
+def _search_and_report(tmp: Path, kind: str, evaluations: int, window: int) -> None:
+    """The timed search, then the report on it: each line against its target."""
+    print(f"{kind}: {evaluations} evaluations", flush=True)
+    r = search(tmp / kind, kind, evaluations, window)
+    r.update(report_seconds(tmp / kind))
+    print(
+        f"{kind}: {r['results']} results ({r['evaluated']} evaluated, {r['cached']} cached) "
+        f"in {r['wall_s']:.0f} s; store {r['store_mb']:.1f} MB",
+        f"  driver per result: first {r['window']} {r['first_ms']:.3f} ms, last {r['window']} "
+        f"{r['last_ms']:.3f} ms, ratio {r['ratio']:.3f} (<= {TARGETS['ratio']}: "
+        f"{_verdict(r['ratio'], TARGETS['ratio'])})",
+        f"  driver RSS: {r['rss_first_mb']:.0f} MB after the first result, {r['rss_end_mb']:.0f} MB "
+        f"at the end, peak {r['rss_peak_mb']:.0f} MB; growth {r['memory_mb']:.0f} MB "
+        f"(<= {TARGETS['memory_mb']:g}: {_verdict(r['memory_mb'], TARGETS['memory_mb'])})",
+        f"  einspace report: {r['report_s']:.1f} s (<= {TARGETS['report_s']:g}: "
+        f"{_verdict(r['report_s'], TARGETS['report_s'])}); {r['report_warm_s']:.1f} s of it "
+        "without the process start and imports",
+        sep="\n",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -243,30 +265,15 @@ def main() -> None:
     parser.add_argument("--executor", nargs="+", choices=("in_process", "ray"), default=["in_process", "ray"])
     parser.add_argument("--resume-evaluations", type=int, help="of the resume run (default: --evaluations)")
     parser.add_argument("--no-resume", action="store_true", help="skip the kill-and-resume measurement")
+    parser.add_argument("--only-resume", action="store_true", help="only the kill-and-resume measurement")
     parser.add_argument("--keep", type=Path, help="search in this directory and keep the runs")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = args.keep or Path(tmp_name)
         for kind in args.executor:
-            print(f"{kind}: {args.evaluations} evaluations", flush=True)
-            r = search(tmp / kind, kind, args.evaluations, args.window)
-            r.update(report_seconds(tmp / kind))
-            print(
-                f"{kind}: {r['results']} results ({r['evaluated']} evaluated, {r['cached']} cached) "
-                f"in {r['wall_s']:.0f} s; store {r['store_mb']:.1f} MB",
-                f"  driver per result: first {r['window']} {r['first_ms']:.3f} ms, last {r['window']} "
-                f"{r['last_ms']:.3f} ms, ratio {r['ratio']:.3f} (<= {TARGETS['ratio']}: "
-                f"{_verdict(r['ratio'], TARGETS['ratio'])})",
-                f"  driver RSS: {r['rss_first_mb']:.0f} MB after the first result, {r['rss_end_mb']:.0f} MB "
-                f"at the end, peak {r['rss_peak_mb']:.0f} MB; growth {r['memory_mb']:.0f} MB "
-                f"(<= {TARGETS['memory_mb']:g}: {_verdict(r['memory_mb'], TARGETS['memory_mb'])})",
-                f"  einspace report: {r['report_s']:.1f} s (<= {TARGETS['report_s']:g}: "
-                f"{_verdict(r['report_s'], TARGETS['report_s'])}); {r['report_warm_s']:.1f} s of it "
-                "without the process start and imports",
-                sep="\n",
-                flush=True,
-            )
+            if not args.only_resume:
+                _search_and_report(tmp, kind, args.evaluations, args.window)
             if not args.no_resume:
                 res = resume_seconds(tmp, kind, args.resume_evaluations or args.evaluations)
                 print(
