@@ -271,6 +271,7 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = args.keep or Path(tmp_name)
+        tmp.mkdir(parents=True, exist_ok=True)
         for kind in args.executor:
             if not args.only_resume:
                 _search_and_report(tmp, kind, args.evaluations, args.window)
