@@ -143,8 +143,7 @@ class SearchRun:
                 "evaluations may change)"
             )
         budget = experiment.strategy.settings.get("evaluations")
-        history = self.store.history()
-        finished = len(history) - sum(r.origin == PROMOTION for r in history)  # as the budget counts
+        finished = self.store.count_finished(excluding_origin=PROMOTION)  # as the budget counts
         if isinstance(budget, int) and budget < finished:
             raise EinspaceError(
                 f"{self.directory} has finished {finished} evaluations, more than the {budget} asked for: "

@@ -113,6 +113,11 @@ class Store(ABC):
     @abstractmethod
     def running(self) -> list[Record]: ...
 
+    def count_finished(self, excluding_origin: str | None = None) -> int:
+        """How many records are finished (those of `excluding_origin` left out), without reading
+        them: resuming a long run counts its history before anything else."""
+        return sum(r.origin != excluding_origin for r in self.history())
+
     @abstractmethod
     def save_checkpoint(self, state: dict[str, Any]) -> None: ...
 
@@ -347,6 +352,10 @@ class SQLiteStore(Store):
 
     def running(self) -> list[Record]:
         return self._rows("WHERE state = ? ORDER BY id", (State.RUNNING,))
+
+    def count_finished(self, excluding_origin: str | None = None) -> int:
+        query = "SELECT COUNT(*) FROM evaluations WHERE state = ? AND origin IS NOT ?"
+        return self._db.execute(query, (State.FINISHED, excluding_origin)).fetchone()[0]
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         text = json.dumps(state, allow_nan=False)

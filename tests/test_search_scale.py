@@ -12,7 +12,7 @@ from search_helpers import experiment
 
 from einspace.search.loop import STORE_NAME, SearchRun
 from einspace.search.report import node_counts, report
-from einspace.search.store import Record, SQLiteStore
+from einspace.search.store import Record, SQLiteStore, Store
 
 
 def _plan(db: sqlite3.Connection, statement: str) -> str:
@@ -86,3 +86,16 @@ def test_a_run_without_ray_reports_no_nodes(tmp_path):
     store.finish(_record(0, None))
     store.close()
     assert "per Ray node" not in report(tmp_path, plot=False)
+
+
+def test_counting_finished_records_agrees_with_reading_them(tmp_path):
+    """Resuming counts the run's finished evaluations (promotions left out, as a budget counts)
+    with one COUNT, and gets what reading the whole history gives (the contract's default)."""
+    store = SQLiteStore(tmp_path / STORE_NAME, writer=True)
+    store.finish(_record(0, None))
+    store.finish(Record(1, "(S t0)", "h0", "promotion", (0,), status="ok", fitness=0.6, fidelity=3))
+    store.submit(_record(2, None))  # running: not finished
+    store.finish(_record(3, None, "cached"))
+    assert store.count_finished() == Store.count_finished(store) == 3
+    assert store.count_finished("promotion") == Store.count_finished(store, "promotion") == 2
+    store.close()
