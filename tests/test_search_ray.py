@@ -74,6 +74,16 @@ def test_ray_search_completes(tmp_path, shared):
     assert {r.node for r in history if r.status == "cached"} <= {None}
 
 
+def test_no_more_workers_start_than_the_cluster_has_cpus_for(tmp_path, monkeypatch):
+    """A persistent worker holds its CPUs while idle, so a worker Ray cannot place would wait for
+    ever (after a node is lost, say): with room for one, one worker takes every evaluation in turn."""
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 0.5})
+    e = ray_experiment(tmp_path, strategy={"name": "random_search", "settings": {"evaluations": 4}})
+    summary, history = run(e)  # max_in_flight 2, num_cpus 0.5 each
+    assert summary.finished and len(history) == 4
+    assert len({r.worker for r in history if r.status == "ok"}) == 1
+
+
 def test_an_evaluation_whose_node_is_lost_runs_again_up_to_the_retry_limit(tmp_path, monkeypatch, caplog):
     """A worker that dies on a live node fails its evaluation (test_faults_...); one whose node has
     left the cluster does not, and its evaluation is started again on a fresh worker, at most
