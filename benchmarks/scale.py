@@ -25,6 +25,7 @@ resume <= 10 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import resource
@@ -211,6 +212,13 @@ def _until(condition: Any, process: subprocess.Popen, timeout: float, what: str)
     return value
 
 
+def _kill(process: subprocess.Popen, sig: int) -> None:
+    """Signal a search's whole process group (what is left of it), and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+    process.wait()
+
+
 def resume_seconds(tmp: Path, executor_kind: str, evaluations: int) -> dict[str, float]:
     """Search with `einspace search` in a subprocess, SIGKILL it once half the evaluations are
     committed, start it again: seconds from the new process's start to its first new commit."""
@@ -225,8 +233,7 @@ def resume_seconds(tmp: Path, executor_kind: str, evaluations: int) -> dict[str,
     try:
         _until(lambda: _committed(store) >= half, first, 24 * 3600, "reaching half the evaluations")
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the driver, and (Ray) the instance it started
-        first.wait()
+        _kill(first, signal.SIGKILL)  # the driver, and (Ray) the instance it started
     killed_at = _committed(store)
     started = time.perf_counter()
     second = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True)
@@ -234,8 +241,7 @@ def resume_seconds(tmp: Path, executor_kind: str, evaluations: int) -> dict[str,
         _until(lambda: _committed(store) > killed_at, second, 600, "the resumed search's first commit")
         seconds, cpu = time.perf_counter() - started, _cpu_seconds(second.pid)
     finally:
-        os.killpg(second.pid, signal.SIGTERM)
-        second.wait()
+        _kill(second, signal.SIGTERM)
     return {"killed_at": killed_at, "resume_s": seconds, "resume_cpu_s": cpu}
 
 
