@@ -3,6 +3,7 @@ know which strategy asked, so any strategy runs on any executor."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -32,11 +33,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Finished:
-    """A finished evaluation: the key it was submitted under, its result, and where it ran."""
+    """A finished evaluation: the key it was submitted under, its result, and where it ran (the
+    worker process, and the Ray node: None in-process)."""
 
     key: int
     result: Result
     worker: str | None = None
+    node: str | None = None
 
 
 class Executor(ABC):
@@ -119,13 +122,16 @@ class _EvaluationWorker:
         self.first = True
 
     def ready(self) -> str:
+        """The id of the Ray node it runs on, once warmed up."""
+        import ray
+
         try:
             warm_up(self.gpu_share or None)
             load_registries(self.plugins)
         except Exception:  # noqa: BLE001 - the first evaluation fails with the reason instead
             pass
         settle()
-        return _worker_name()
+        return ray.get_runtime_context().get_node_id()
 
     def evaluate(self, task: dict[str, Any]) -> dict[str, Any]:
         out = evaluate_in_worker(task, self.plugins)
@@ -144,17 +150,20 @@ def _gpu_memory() -> int:
 
 @dataclass
 class _Slot:
-    """One worker actor, its share of a GPU, and when it became ready (None while starting)."""
+    """One worker actor, its share of a GPU, when it became ready and on which Ray node (None
+    while starting, or for a worker that died starting)."""
 
     actor: Any
     share: float
     created: float
     ready_at: float | None = None
+    node: str | None = None
 
 
 @dataclass
 class _Job:
     key: int
+    task: Task
     slot: _Slot
     submitted: float
 
@@ -164,6 +173,10 @@ class _Job:
 STARTUP_TIMEOUT_S = 600.0
 #: How the GPU share of an evaluation is chosen (executor.packing).
 PACKINGS = ("fixed", "memory")
+#: How often one evaluation is started again after the node it ran on was lost, before it fails.
+NODE_LOSS_RETRIES = 3
+
+_log = logging.getLogger(__name__)
 
 
 class RayExecutor(Executor):
@@ -176,8 +189,9 @@ class RayExecutor(Executor):
     up after each). A worker that reports an out-of-memory or CUDA error, or leaked device
     memory, is replaced by a fresh process. With `fresh_process` every evaluation gets a new
     worker, killed when it finishes. A timeout counts from when the evaluation's worker is ready;
-    a timed-out worker is killed. A worker or node that dies yields a failed result with the
-    reason, and the search goes on.
+    a timed-out worker is killed. A worker that dies yields a failed result with the reason, and
+    the search goes on; an evaluation whose node left the cluster (killed, preempted) is not at
+    fault and runs again on another worker, up to NODE_LOSS_RETRIES times.
 
     GPU shares: `packing="fixed"` gives every evaluation `num_gpus` (fractions pack several on
     one GPU); `packing="memory"` sizes each evaluation's share from its tree's estimated training
@@ -233,6 +247,7 @@ class RayExecutor(Executor):
         self._queue: deque[tuple[int, Task, float]] = deque()  # waiting for room on the GPUs
         self._starting: dict[Any, _Slot] = {}  # ready() ref -> slot
         self._jobs: dict[Any, _Job] = {}  # evaluate() ref -> job
+        self._retries: dict[int, int] = {}  # key -> times restarted after its node was lost
 
     def _refuse(self, message: str) -> NoReturn:
         """Stop the Ray instance this executor started, and raise."""
@@ -263,10 +278,11 @@ class RayExecutor(Executor):
             self._idle.append(self._new_slot(self.num_gpus))
         if wait and self._starting:
             refs = list(self._starting)
-            self._ray.get(refs)
+            nodes = self._ray.get(refs)
             now = time.monotonic()
-            for ref in refs:
-                self._starting.pop(ref).ready_at = now
+            for ref, node in zip(refs, nodes, strict=True):
+                slot = self._starting.pop(ref)
+                slot.ready_at, slot.node = now, node
         return time.monotonic() - started
 
     def _new_slot(self, share: float) -> _Slot:
@@ -288,18 +304,27 @@ class RayExecutor(Executor):
     def _held(self) -> float:
         return sum(s.share for s in self._idle) + sum(j.slot.share for j in self._jobs.values())
 
+    def _room(self, share: float, cpus: float) -> bool:
+        """Whether one more worker of this share fits beside this executor's own: its GPU share
+        in the capacity (memory packing), its CPUs in the cluster's `cpus`. A worker Ray cannot
+        place would wait for one of ours, which never lets go (say, after a node was lost)."""
+        workers = len(self._idle) + len(self._jobs) + 1
+        if workers * self._options["num_cpus"] > cpus + 1e-9:
+            return False
+        return self._capacity is None or self._held() + share <= self._capacity + 1e-9
+
     def _take(self, share: float) -> _Slot | None:
-        """An idle worker of this share, else a new one if the GPUs have room for it (stopping
-        idle workers of other shares, longest idle first, to make it); None: wait."""
+        """An idle worker of this share, else a new one if there is room for it (stopping idle
+        workers of other shares, longest idle first, to make it); None: wait for a busy one."""
         for i in range(len(self._idle) - 1, -1, -1):
             if self._idle[i].share == share:
                 return self._idle.pop(i)
-        if self._capacity is not None:
-            while self._idle and self._held() + share > self._capacity + 1e-9:
-                self._ray.kill(self._idle.pop(0).actor, no_restart=True)
-            if self._held() + share > self._capacity + 1e-9:
-                return None
-        return self._new_slot(share)
+        cpus = self._ray.cluster_resources().get("CPU", 0.0)
+        while self._idle and not self._room(share, cpus):
+            self._ray.kill(self._idle.pop(0).actor, no_restart=True)
+        if self._jobs and not self._room(share, cpus):
+            return None
+        return self._new_slot(share)  # with nothing running, try: Ray's start-up timeout says why not
 
     def _dispatch(self) -> None:
         while self._queue:
@@ -309,7 +334,7 @@ class RayExecutor(Executor):
                 return
             self._queue.popleft()
             ref = slot.actor.evaluate.remote(task.to_json())
-            self._jobs[ref] = _Job(key, slot, time.monotonic())
+            self._jobs[ref] = _Job(key, task, slot, time.monotonic())
 
     def _retire(self, slot: _Slot, healthy: bool) -> None:
         if healthy and not self.fresh:
@@ -348,8 +373,9 @@ class RayExecutor(Executor):
             if ref in self._starting:
                 slot = self._starting.pop(ref)
                 slot.ready_at = time.monotonic()  # a worker that died starting fails its job below
-            else:
-                finished.append(self._collect(ref))
+                slot.node = self._node_of(ref)
+            elif (done := self._collect(ref)) is not None:
+                finished.append(done)
         now = time.monotonic()
         for ref, job in list(self._jobs.items()):
             if now >= self._deadline(job):
@@ -363,17 +389,39 @@ class RayExecutor(Executor):
         self._dispatch()  # finished evaluations made room
         return finished
 
-    def _collect(self, ref: Any) -> Finished:
+    def _collect(self, ref: Any) -> Finished | None:
+        """The finished job's result; None when its node was lost and it is queued to run again
+        elsewhere (the evaluation is not at fault), at most NODE_LOSS_RETRIES times."""
         job = self._jobs.pop(ref)
         try:
             out = self._ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - worker death, node loss, OOM kill: a failed result
             self._retire(job.slot, healthy=False)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
+            if self._node_lost(job.slot) and self._retries.get(job.key, 0) < NODE_LOSS_RETRIES:
+                self._retries[job.key] = self._retries.get(job.key, 0) + 1
+                _log.warning("evaluation %d lost its node, retrying it elsewhere: %s", job.key, first)
+                self._queue.appendleft((job.key, job.task, job.slot.share))  # dispatched on return
+                return None
             reason = f"worker died ({type(exc).__name__}): {first}"
             return Finished(job.key, Result.failure(reason, time.monotonic() - job.submitted))
+        self._retries.pop(job.key, None)
         self._retire(job.slot, healthy=out["recycle"] is None)
-        return Finished(job.key, Result.from_json(out["result"]), out["worker"])
+        return Finished(job.key, Result.from_json(out["result"]), out["worker"], job.slot.node)
+
+    def _node_of(self, ready: Any) -> str | None:
+        """The node a worker reported from `ready` (None: it died starting)."""
+        try:
+            return self._ray.get(ready)
+        except Exception:  # noqa: BLE001 - its job fails with the reason
+            return None
+
+    def _node_lost(self, slot: _Slot) -> bool:
+        """Whether the node of a dead worker is gone from the cluster (the evaluation is not to
+        blame): Ray reports an actor dead only once it knows why, so the node is marked by then."""
+        if slot.node is None:
+            return False
+        return slot.node not in {n["NodeID"] for n in self._ray.nodes() if n["Alive"]}
 
     def shutdown(self) -> None:
         for slot in [*self._idle, *self._starting.values(), *(j.slot for j in self._jobs.values())]:
@@ -382,5 +430,6 @@ class RayExecutor(Executor):
         self._starting.clear()
         self._jobs.clear()
         self._queue.clear()
+        self._retries.clear()
         if self._owns_ray:
             stop_local_ray()

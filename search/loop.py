@@ -143,8 +143,7 @@ class SearchRun:
                 "evaluations may change)"
             )
         budget = experiment.strategy.settings.get("evaluations")
-        history = self.store.history()
-        finished = len(history) - sum(r.origin == PROMOTION for r in history)  # as the budget counts
+        finished = self.store.count_finished(excluding_origin=PROMOTION)  # as the budget counts
         if isinstance(budget, int) and budget < finished:
             raise EinspaceError(
                 f"{self.directory} has finished {finished} evaluations, more than the {budget} asked for: "
@@ -345,7 +344,8 @@ class _Session:
         r = done.result
         outcome = {"fitness": r.fitness, "metrics": r.metrics, "error": r.error, "seconds": r.seconds}
         outcome.update(partial=r.partial, cost=r.cost.to_json())
-        record = self._commit(_record(candidate, status=r.status, worker=done.worker, **outcome))
+        outcome.update(worker=done.worker, node=done.node)
+        record = self._commit(_record(candidate, status=r.status, **outcome))
         if self.weights is not None and r.metrics.get("weights_saved") == 1.0:
             self.weights.saved(candidate.hash)
         self.summary.evaluated += 1

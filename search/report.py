@@ -21,6 +21,7 @@ __all__ = [
     "best_records",
     "compute_rows",
     "final_summary",
+    "node_counts",
     "plot_compute",
     "plot_fitness",
     "promotions",
@@ -140,6 +141,16 @@ def failure_reasons(history: list[Record]) -> list[tuple[str, int]]:
     return sorted(reasons.items(), key=lambda item: -item[1])
 
 
+def node_counts(history: list[Record]) -> list[tuple[str, int]]:
+    """(Ray node id, evaluations that ran there) over the evaluations run on Ray, most first: how
+    a search spread over a cluster (cached copies and in-process evaluations ran on no node)."""
+    counts: dict[str, int] = {}
+    for r in history:
+        if r.node is not None:
+            counts[r.node] = counts.get(r.node, 0) + 1
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
 def succeeded(history: list[Record]) -> bool:
     """Whether any evaluation of a run (or a cached copy of one) has a fitness."""
     return any(r.status != Status.FAILED and r.fitness is not None for r in history)
@@ -185,6 +196,7 @@ _CSV_COLUMNS = (
     "epochs",
     "steps",
     "worker",
+    "node",
     "error",
     "metrics",
     "tree",
@@ -377,6 +389,8 @@ def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
     ]
     if run.plugin_note():
         lines.append(f"plugins: {run.plugin_note()}")
+    if nodes := node_counts(history):
+        lines.append("evaluations per Ray node: " + ", ".join(f"{node[:12]} {n}" for node, n in nodes))
     if history:
         overall, fidelities = compute_rows(history, run.store.load_checkpoint())
         lines.append("compute: " + "; ".join(f"{what} {much}" for what, much in overall))

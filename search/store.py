@@ -21,7 +21,7 @@ __all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "State", "Status", "Store"
 
 #: Bumped whenever the tables change; a store written by a newer einspace is refused, not guessed at,
 #: and an older one is upgraded in place when it is opened (`_MIGRATIONS`).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class StoreError(EinspaceError):
@@ -69,6 +69,7 @@ class Record:
     fidelity: int | None = None
     partial: bool = False
     cost: dict[str, float] = field(default_factory=dict)
+    node: str | None = None  # the Ray node it ran on (None: in-process, or a store older than v3)
 
     @property
     def finished(self) -> bool:
@@ -112,6 +113,11 @@ class Store(ABC):
     @abstractmethod
     def running(self) -> list[Record]: ...
 
+    def count_finished(self, excluding_origin: str | None = None) -> int:
+        """How many records are finished (those of `excluding_origin` left out), without reading
+        them: resuming a long run counts its history before anything else."""
+        return sum(r.origin != excluding_origin for r in self.history())
+
     @abstractmethod
     def save_checkpoint(self, state: dict[str, Any]) -> None: ...
 
@@ -149,7 +155,8 @@ CREATE TABLE IF NOT EXISTS evaluations (
     seq INTEGER UNIQUE,
     fidelity INTEGER,
     partial INTEGER NOT NULL DEFAULT 0,
-    cost TEXT
+    cost TEXT,
+    node TEXT
 );
 CREATE INDEX IF NOT EXISTS evaluations_hash ON evaluations (hash, status);
 CREATE TABLE IF NOT EXISTS checkpoint (
@@ -159,7 +166,7 @@ CREATE TABLE IF NOT EXISTS checkpoint (
 
 _COLUMNS = (
     "id, tree, hash, origin, parents, state, status, fitness, metrics, error, cached_from, "
-    "submitted_at, finished_at, seconds, worker, seq, fidelity, partial, cost"
+    "submitted_at, finished_at, seconds, worker, seq, fidelity, partial, cost, node"
 )
 
 #: Statements that bring a store of version k (the key) to version k + 1.
@@ -169,6 +176,7 @@ _MIGRATIONS = {
         "ALTER TABLE evaluations ADD COLUMN partial INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE evaluations ADD COLUMN cost TEXT",
     ),
+    2: ("ALTER TABLE evaluations ADD COLUMN node TEXT",),
 }
 
 
@@ -224,7 +232,7 @@ class SQLiteStore(Store):
 
     def _upgrade(self, version: int) -> None:
         """Bring an older store to SCHEMA_VERSION in one transaction (what it lacks gets defaults:
-        no fidelity, not partial, no recorded cost)."""
+        no fidelity, not partial, no recorded cost or node)."""
         with self._tx():
             for step in range(version, SCHEMA_VERSION):
                 for statement in _MIGRATIONS[step]:
@@ -274,7 +282,7 @@ class SQLiteStore(Store):
             submitted = record.submitted_at if record.submitted_at is not None else (row[1] if row else None)
             finished_at = record.finished_at if record.finished_at is not None else time.time()
             self._db.execute(
-                f"INSERT OR REPLACE INTO evaluations ({_COLUMNS}) VALUES ({', '.join('?' * 19)})",
+                f"INSERT OR REPLACE INTO evaluations ({_COLUMNS}) VALUES ({', '.join('?' * 20)})",
                 (
                     record.id,
                     record.tree,
@@ -295,6 +303,7 @@ class SQLiteStore(Store):
                     record.fidelity,
                     int(record.partial),
                     json.dumps(record.cost),
+                    record.node,
                 ),
             )
         return self.get(record.id)  # type: ignore[return-value]
@@ -322,6 +331,7 @@ class SQLiteStore(Store):
                 fidelity=r[16],
                 partial=bool(r[17]),
                 cost=json.loads(r[18]) if r[18] else {},
+                node=r[19],
             )
             for r in rows
         ]
@@ -342,6 +352,10 @@ class SQLiteStore(Store):
 
     def running(self) -> list[Record]:
         return self._rows("WHERE state = ? ORDER BY id", (State.RUNNING,))
+
+    def count_finished(self, excluding_origin: str | None = None) -> int:
+        query = "SELECT COUNT(*) FROM evaluations WHERE state = ? AND origin IS NOT ?"
+        return self._db.execute(query, (State.FINISHED, excluding_origin)).fetchone()[0]
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         text = json.dumps(state, allow_nan=False)

@@ -69,13 +69,15 @@ class FaultyEvaluator(Evaluator):
 
 @register_evaluator
 class WhereEvaluator(Evaluator):
-    """Appends where it ran to `log`/<pid>.jsonl: the process, Ray node, the GPU ids Ray assigned,
-    CUDA_VISIBLE_DEVICES and the GPU share. `batch_size` is read by memory packing only."""
+    """Appends where it runs to `log`/<pid>.jsonl as it starts: the process and its session, Ray
+    node, the GPU ids Ray assigned, CUDA_VISIBLE_DEVICES and the GPU share; then sleeps `sleep`
+    seconds. `batch_size` is read by memory packing only."""
 
     name = "test_where"
 
-    def __init__(self, log: str, batch_size: int = 256):
+    def __init__(self, log: str, batch_size: int = 256, sleep: float = 0.0):
         self.log = Path(log)
+        self.sleep = sleep
 
     def evaluate(self, checked, random_seed):
         import ray
@@ -83,6 +85,7 @@ class WhereEvaluator(Evaluator):
         context = ray.get_runtime_context()
         entry = {
             "pid": os.getpid(),
+            "session": os.getsid(0),
             "node": context.get_node_id(),
             "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -90,6 +93,7 @@ class WhereEvaluator(Evaluator):
         }
         with open(self.log / f"{os.getpid()}.jsonl", "a") as f:
             f.write(json.dumps(entry) + "\n")
+        time.sleep(self.sleep)
         return _analytic(checked)
 
 

@@ -18,7 +18,7 @@ from search_helpers import PARSE_COUNTER, PLUGIN, experiment, history_key, wait_
 
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Task
-from einspace.search import ray_local
+from einspace.search import executors, ray_local
 from einspace.search.executors import RayExecutor
 from einspace.search.loop import open_store, run_search
 
@@ -69,6 +69,38 @@ def test_ray_search_completes(tmp_path, shared):
     assert summary.finished and len(history) == 40
     assert all(r.status in ("ok", "cached") for r in history)
     assert all(r.worker for r in history if r.status == "ok")
+    here = ray.get_runtime_context().get_node_id()  # each evaluation records the node it ran on
+    assert {r.node for r in history if r.status == "ok"} == {here}
+    assert {r.node for r in history if r.status == "cached"} <= {None}
+
+
+def test_no_more_workers_start_than_the_cluster_has_cpus_for(tmp_path, monkeypatch):
+    """A persistent worker holds its CPUs while idle, so a worker Ray cannot place would wait for
+    ever (after a node is lost, say): with room for one, one worker takes every evaluation in turn."""
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 0.5})
+    e = ray_experiment(tmp_path, strategy={"name": "random_search", "settings": {"evaluations": 4}})
+    summary, history = run(e)  # max_in_flight 2, num_cpus 0.5 each
+    assert summary.finished and len(history) == 4
+    assert len({r.worker for r in history if r.status == "ok"}) == 1
+
+
+def test_an_evaluation_whose_node_is_lost_runs_again_up_to_the_retry_limit(tmp_path, monkeypatch, caplog):
+    """A worker that dies on a live node fails its evaluation (test_faults_...); one whose node has
+    left the cluster does not, and its evaluation is started again on a fresh worker, at most
+    NODE_LOSS_RETRIES times (here every try dies: the fault is the tree's, and the node "gone")."""
+    monkeypatch.setattr(executors, "NODE_LOSS_RETRIES", 2)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": "another node", "Alive": True}])
+    e = ray_experiment(
+        tmp_path,
+        evaluator={"name": "test_faulty", "settings": {"fault": "exit", "every": 1}},
+        strategy={"name": "random_search", "settings": {"evaluations": 1}},
+        executor={"max_in_flight": 1},
+    )
+    with caplog.at_level("WARNING", logger="einspace.search.executors"):
+        summary, [record] = run(e)
+    assert summary.finished and record.status == "failed" and "worker died" in record.error
+    retried = [m for m in caplog.messages if "lost its node" in m]
+    assert len(retried) == 2 and all(m.startswith("evaluation 0 lost its node") for m in retried)
 
 
 def test_each_worker_parses_the_grammar_once(tmp_path):
@@ -413,3 +445,93 @@ def test_search_over_a_two_node_cluster_started_with_ray_start(tmp_path):
             node.send_signal(signal.SIGTERM)
             node.wait(60)
         marker.unlink(missing_ok=True)  # else later ray.init() calls would try to join the dead cluster
+
+
+@pytest.mark.slow
+def test_a_search_over_two_nodes_survives_losing_the_worker_node(tmp_path):
+    """The README's two-node recipe: a head and a worker node started by `ray start`, each with one
+    CPU and a resource of its own, and a search on both (one worker each). The worker node is
+    killed (its whole process group, SIGKILL) while an evaluation runs there: that evaluation runs
+    again on the head, the search finishes with every evaluation committed once and none failed,
+    and `report` counts the evaluations per node (slow: starts a cluster)."""
+    import yaml
+    from search_helpers import BASE, merge
+
+    from einspace.search.store import SQLiteStore
+
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",  # a joining node does not pick up the token itself
+        "RAY_health_check_period_ms": "500",  # a lost node is noticed in seconds, not half a minute
+        "RAY_health_check_failure_threshold": "4",
+    }
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    start = [ray_cli, "start", "--num-cpus", "1", "--block"]
+    head = subprocess.Popen(
+        [*start, "--head", f"--port={port}", "--include-dashboard=false", "--resources", '{"head": 1}'],
+        **quiet,
+    )
+    worker = None
+    marker = Path("/tmp/ray/ray_current_cluster")  # written by `ray start`, removed only by `ray stop`
+    log = tmp_path / "where"
+    log.mkdir()
+    evaluations = 12
+    try:
+        wait_for(lambda: _alive_nodes(ray_cli, port, env) == 1, 120, "the head node starting", every=1)
+        worker = subprocess.Popen(  # in a session of its own: its processes are killed together
+            [*start, f"--address=127.0.0.1:{port}", "--resources", '{"worker": 1}'],
+            start_new_session=True,
+            **quiet,
+        )
+        wait_for(lambda: _alive_nodes(ray_cli, port, env) == 2, 120, "the worker node joining", every=1)
+        raw = merge(BASE, {"run_dir": str(tmp_path / "run"), "executor": {"kind": "ray", "num_cpus": 1}})
+        raw["executor"]["max_in_flight"] = 2  # one worker per node: each has one CPU
+        raw["evaluator"] = {"name": "test_where", "settings": {"log": str(log), "sleep": 1.0}}
+        raw["strategy"] = {"name": "random_search", "settings": {"evaluations": evaluations}}
+        (tmp_path / "exp.yaml").write_text(yaml.safe_dump(raw))
+        code = "import sys; from einspace.cli import main; sys.exit(main(sys.argv[1:]))"
+        cli = [sys.executable, "-c", code]
+        search = subprocess.Popen(
+            [*cli, "search", str(tmp_path / "exp.yaml"), "--ray-address", f"127.0.0.1:{port}", "--quiet"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+        def started_on(session: int) -> list[dict]:
+            return [entry for entry in where_log(log) if entry["session"] == session]
+
+        # the second evaluation started on the worker node is sleeping there when the node dies
+        wait_for(lambda: len(started_on(worker.pid)) >= 2, 240, "two evaluations on the worker node")
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(60)
+        _, stderr = search.communicate(timeout=300)
+        assert search.returncode == 0, stderr
+    finally:
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+        head.send_signal(signal.SIGTERM)
+        head.wait(60)
+        marker.unlink(missing_ok=True)  # else later ray.init() calls would try to join the dead cluster
+    [lost] = {entry["node"] for entry in started_on(worker.pid)}
+    assert "lost its node, retrying it elsewhere" in stderr
+    history = SQLiteStore(tmp_path / "run" / "search.sqlite").history()
+    assert sorted(r.id for r in history) == list(range(evaluations))  # each committed once
+    assert [r.seq for r in history] == list(range(1, evaluations + 1))
+    assert all(r.status in ("ok", "cached") for r in history)  # the lost evaluation did not fail
+    nodes = defaultdict(int)
+    for r in history:
+        if r.node is not None:
+            nodes[r.node] += 1
+    assert len(nodes) == 2 and nodes[lost] >= 1  # finished on the worker node before it died
+    started = len(where_log(log))  # every start, the lost one's included
+    assert started == sum(nodes.values()) + 1
+    report = subprocess.run(
+        [*cli, "report", str(tmp_path / "run"), "--no-plot"], capture_output=True, text=True
+    )
+    line = next(x for x in report.stdout.splitlines() if x.startswith("evaluations per Ray node: "))
+    assert all(f"{node[:12]} {n}" in line for node, n in nodes.items())

@@ -119,7 +119,7 @@ VALUES (0, 'finished', 'ok', '(S (C relu))', 'abc', 'sampled', '[]', 0.25, '{}',
 @pytest.mark.parametrize("writer", [False, True])
 def test_version_1_store_is_upgraded_and_keeps_its_records(tmp_path, writer):
     """An old (version 1) store, built from literal SQL rather than this code, is upgraded in
-    place: its records read back, with no fidelity, not partial and no recorded cost, and new
+    place: its records read back, with no fidelity, not partial, no recorded cost or node, and new
     records with those fields can be written."""
     db = sqlite3.connect(tmp_path / "old.sqlite")
     db.executescript(_VERSION_1)
@@ -128,13 +128,14 @@ def test_version_1_store_is_upgraded_and_keeps_its_records(tmp_path, writer):
     store = SQLiteStore(tmp_path / "old.sqlite", writer=writer)
     [old] = store.history()
     assert (old.state, old.status) == (State.FINISHED, Status.OK) and type(old.status) is Status
-    assert (old.id, old.fitness, old.tree, old.fidelity, old.partial, old.cost) == (
+    assert (old.id, old.fitness, old.tree, old.fidelity, old.partial, old.cost, old.node) == (
         0,
         0.25,
         "(S (C relu))",
         None,
         False,
         {},
+        None,
     )
     assert store.get_meta("schema_version") == str(SCHEMA_VERSION)
     new = store.finish(
@@ -149,9 +150,10 @@ def test_version_1_store_is_upgraded_and_keeps_its_records(tmp_path, writer):
             fidelity=3,
             partial=True,
             cost={"steps": 7},
+            node="n1",
         )
     )
-    assert (new.fidelity, new.partial, new.cost) == (3, True, {"steps": 7})
+    assert (new.fidelity, new.partial, new.cost, new.node) == (3, True, {"steps": 7}, "n1")
     store.close()
     assert SQLiteStore(tmp_path / "old.sqlite").get(1) == new  # upgraded once: reopening is plain
 
