@@ -20,7 +20,7 @@ def _peeled_ranks(points: list[tuple[int, ...]], violations: list[float]) -> lis
         if violations[i] > 0 or violations[j] > 0:
             return violations[i] < violations[j]
         a, b = points[i], points[j]
-        return all(x >= y for x, y in zip(a, b)) and a != b
+        return all(x >= y for x, y in zip(a, b, strict=True)) and a != b
 
     left, ranks, rank = set(range(len(points))), [0] * len(points), 0
     while left:
@@ -38,7 +38,9 @@ coordinates = st.integers(0, 5)
 @settings(max_examples=150, deadline=None)
 @given(
     st.integers(1, 3).flatmap(
-        lambda m: st.lists(st.tuples(st.tuples(*[coordinates] * m), st.sampled_from([0.0, 0.0, 1.0, 2.5])), max_size=14)
+        lambda m: st.lists(
+            st.tuples(st.tuples(*[coordinates] * m), st.sampled_from([0.0, 0.0, 1.0, 2.5])), max_size=14
+        )
     )
 )
 def test_ranks_match_peeling_fronts(items: list[tuple[tuple[int, ...], float]]) -> None:
@@ -82,7 +84,7 @@ def test_crowding_matches_nearest_neighbours(columns: list[list[int]]) -> None:
 def _grid_volume(points: list[tuple[int, ...]], reference: tuple[int, ...], top: int) -> int:
     """Unit cells between the reference and `top` that some point covers (maximising)."""
     cells = itertools.product(*[range(r, top) for r in reference])
-    return sum(any(all(c + 1 <= x for c, x in zip(cell, p)) for p in points) for cell in cells)
+    return sum(any(all(c + 1 <= x for c, x in zip(cell, p, strict=True)) for p in points) for cell in cells)
 
 
 @settings(max_examples=150, deadline=None)
@@ -93,7 +95,9 @@ def _grid_volume(points: list[tuple[int, ...]], reference: tuple[int, ...], top:
         )
     )
 )
-def test_hypervolume_counts_the_grid_cells_it_covers(case: tuple[list[tuple[int, ...]], tuple[int, ...]]) -> None:
+def test_hypervolume_counts_the_grid_cells_it_covers(
+    case: tuple[list[tuple[int, ...]], tuple[int, ...]],
+) -> None:
     points, reference = case
     assert hypervolume(points, reference) == _grid_volume(points, reference, 6)
 
@@ -101,7 +105,7 @@ def test_hypervolume_counts_the_grid_cells_it_covers(case: tuple[list[tuple[int,
 def test_hypervolume_by_hand() -> None:
     # the union of [0,3]x[0,1] and [0,1]x[0,2]: 3 + 2 - 1
     assert hypervolume([(3.0, 1.0), (1.0, 2.0)], (0.0, 0.0)) == 4.0
-    assert hypervolume([(3.0, 1.0), (1.0, 2.0), (2.0, 0.5)], (0.0, 0.0)) == 4.0  # a dominated point adds nothing
+    assert hypervolume([(3.0, 1.0), (1.0, 2.0), (2.0, 0.5)], (0.0, 0.0)) == 4.0  # dominated: nothing
     assert hypervolume([(1.0, -1.0)], (0.0, 0.0)) == 0.0  # not better than the reference
     assert hypervolume([(2.0, 2.0, 2.0)], (1.0, 0.0, -1.0)) == 1.0 * 2.0 * 3.0
 
