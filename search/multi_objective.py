@@ -199,14 +199,14 @@ class Objectives:
         return [violation, *(t.maximised(raw[t.quantity]) for t in self.terms)]
 
     def front(self, history: Iterable[Record]) -> list[tuple[Record, tuple[float, ...]]]:
-        """The feasible non-dominated results, one per tree, with their values, best first in the
-        first objective."""
-        points: dict[str, tuple[Record, tuple[float, ...]]] = {}
+        """The feasible non-dominated results with their values, one per point (the first result
+        to reach it), best first in the first objective."""
+        points: dict[tuple[float, ...], Record] = {}
         for r in history:
             score = self.score(r)
-            if score is not None and score[0] == 0 and r.hash not in points:
-                points[r.hash] = (r, tuple(score[1:]))
-        items = list(points.values())
+            if score is not None and score[0] == 0:
+                points.setdefault(tuple(score[1:]), r)
+        items = [(r, point) for point, r in points.items()]
         kept = [items[i] for i in non_dominated([p for _, p in items])]
         kept.sort(key=lambda item: -item[1][0])
         return [(r, self.values(r)) for r, _ in kept]  # type: ignore[misc]
