@@ -9,9 +9,9 @@ asynchronous steady state and the checkpoint stay exactly as in single-objective
 strength is its Gaussian-process model of each scalarisation, which RE's tournament has no use for.
 
 Each result is told as [violation, objective values maximised] (`einspace.search.multi_objective`),
-or None for a failed one; a tournament's winner is the contender with the lowest constrained
-non-dominated rank within the population, ties broken by the larger crowding distance on its front
-(the extremes of a front win), then by the first drawn.
+or None for a failed one (a plain fitness is one objective); a tournament's winner is the
+contender with the lowest constrained non-dominated rank within the population, ties broken by the
+larger crowding distance on its front (the extremes of a front win), then by the first drawn.
 """
 
 from __future__ import annotations
@@ -88,10 +88,12 @@ class ParetoEvolution(RegularisedEvolution):
 
 
 def _score(value: Any) -> Score:
-    """A told score as a list of floats; None (or -inf, a failure told by a single-objective
-    caller) for a result without a point."""
+    """A told score as a list of floats; None (or -inf, a failure told as a fitness) for a result
+    without a point. A plain fitness is a single objective, [0, fitness]."""
     if value is None or (isinstance(value, float) and value == -math.inf):
         return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return [0.0, float(value)]
     if not isinstance(value, list | tuple) or len(value) < 2:
-        raise EinspaceError(f"pareto_evolution is told [violation, objectives...], got {value!r}")
+        raise EinspaceError(f"pareto_evolution is told [violation, objectives, ...] or a fitness: {value!r}")
     return [float(x) for x in value]
