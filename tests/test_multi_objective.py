@@ -10,11 +10,14 @@ import yaml
 from search_helpers import BASE, experiment, history_key, merge
 
 from einspace.cli import main
+from einspace.sampling import Limits
 from einspace.search.config import ConfigError, parse_experiment
 from einspace.search.loop import SearchRun
 from einspace.search.multi_objective import Objectives, Term
 from einspace.search.report import report
 from einspace.search.store import Record, Status
+
+BASE_LIMITS = Limits(max_depth=20, max_nodes=200, max_params=50_000)
 
 PARETO = {"name": "pareto_evolution", "settings": {"evaluations": 30, "population": 8, "tournament": 3}}
 LIMIT = 20_000
@@ -253,3 +256,22 @@ def test_the_search_command_exits_2_before_searching(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "multi_objective.objectives[0].direction" in err and str(path) in err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_the_training_evaluator_measures_latency_only_when_asked():
+    import random
+
+    from einspace import input_state, load_grammar
+    from einspace.evaluators.base import Task, run_task
+    from einspace.sampling import make_sampler
+    from einspace.tree import to_text
+
+    grammar, state = load_grammar("einspace"), input_state((1, 8, 8), "im")
+    tree = to_text(make_sampler(grammar, state, BASE_LIMITS, "paper", rng=random.Random(1)).sample())
+    settings = {"epochs": 1, "train_subset": 32, "valid_subset": 32, "threads": 1, "batch_size": 16}
+    timed = run_task(
+        Task(tree, "einspace", (1, 8, 8), "training", {**settings, "latency_batch_size": 4}, "im")
+    )
+    plain = run_task(Task(tree, "einspace", (1, 8, 8), "training", settings, "im"))
+    assert timed.ok and plain.ok, (timed.error, plain.error)
+    assert timed.metrics["latency_ms"] > 0 and "latency_ms" not in plain.metrics
