@@ -44,6 +44,8 @@ METRIC = "metric:"
 #: The evaluator setting that makes the training evaluator measure `latency_ms`.
 LATENCY_SETTING = "latency_batch_size"
 _CONSTRAINT_KINDS = ("limit", "objective")
+#: Trees whose analytic counts are kept (a tree is counted when refused or not, then scored).
+_CACHED_TREES = 4096
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,9 @@ class Objectives:
         if tree not in self._analytic:
             from einspace.checker import check_tree
             from einspace.tree import parse_tree
+
+            if len(self._analytic) >= _CACHED_TREES:  # a long search must not grow the driver without end
+                self._analytic.clear()
 
             self._analytic[tree] = _counts(
                 check_tree(parse_tree(tree), self.grammar, self.input), self.batch_size
