@@ -108,7 +108,8 @@ def pareto_section(run: SearchRun, history: list[Record]) -> list[str]:
     if len(objectives.terms) > 1 and front:
         parts += [
             "<p>Each successful result by its objectives, two at a time; the non-dominated feasible "
-            "ones in blue, results breaking a limit as red crosses.</p>",
+            "ones in blue, results breaking a limit as red crosses (trees refused before training, and "
+            "failures, have no point).</p>",
             _img(_scatter_png(objectives, history), "Pareto front"),
         ]
     curve = objectives.hypervolume_over_compute(history)
