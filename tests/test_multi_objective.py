@@ -51,7 +51,7 @@ def test_the_front_is_the_non_dominated_feasible_results(searched):
     e, summary, history = searched
     assert summary.finished and len(history) == 30
     objectives = _objectives(e)
-    params = {r.id: e.space() and objectives.analytic(r.tree)["params"] for r in history}
+    params = {r.id: objectives.analytic(r.tree)["params"] for r in history}
     feasible = [
         (r.fitness, params[r.id]) for r in history if r.status != Status.FAILED and params[r.id] <= LIMIT
     ]
