@@ -18,6 +18,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
@@ -85,28 +86,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)
     runs = [(m, s) for s in range(args.seeds) for m in METHODS]
-    with tempfile.TemporaryDirectory() as root, search_pool(args.jobs) as pool:
-        futures = {run: pool.submit(_search, *run, args.compute, root) for run in runs}
-        curves = {run: f.result() for run, f in futures.items()}
     marks = [f * args.compute for f in FRACTIONS]
     print(
         f"hypervolume (accuracy x parameters below {REFERENCE[1]:,}) at compute seconds "
-        + ", ".join(f"{m:g}" for m in marks)
+        + ", ".join(f"{m:g}" for m in marks),
+        flush=True,
     )
     finals: dict[str, list[float]] = {m: [] for m in METHODS}
-    for (method, seed), curve in curves.items():
-        values = [_at(curve, m) for m in marks]
-        finals[method].append(values[-1])
-        print(
-            f"  {method:17s} seed {seed}: "
-            + "  ".join(f"{v:9.1f}" for v in values)
-            + f"   ({len(curve)} results)"
-        )
+    with tempfile.TemporaryDirectory() as root, search_pool(args.jobs) as pool:
+        futures = {pool.submit(_search, *run, args.compute, root): run for run in runs}
+        for future in as_completed(futures):  # each as it finishes: a long run keeps what it has
+            (method, seed), curve = futures[future], future.result()
+            values = [_at(curve, m) for m in marks]
+            finals[method].append(values[-1])
+            line = "  ".join(f"{v:9.1f}" for v in values)
+            print(f"  {method:17s} seed {seed}: {line}   ({len(curve)} results)", flush=True)
     for method, values in finals.items():
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        print(
-            f"mean final hypervolume {method}: {statistics.mean(values):9.1f} ± {sd:.1f} (n={len(values)})"
-        )
+        print(f"mean final hypervolume {method}: {statistics.mean(values):9.1f} ± {sd:.1f} (n={len(values)})")
     return 0
 
 

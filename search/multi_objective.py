@@ -170,8 +170,8 @@ class Objectives:
     def raw(self, record: Record) -> dict[str, float] | None:
         """Every quantity the objectives and limits read, for a successful result (None: a failed
         one, or one without a metric an objective needs)."""
-        if record.status == Status.FAILED or record.fitness is None:
-            return None
+        if record.status == Status.FAILED or record.fitness is None or not math.isfinite(record.fitness):
+            return None  # a cached copy of a failure is a failure too
         values: dict[str, float] = {}
         for quantity in {t.quantity for t in self.terms} | {lim.quantity for lim in self.limits}:
             if quantity == "fitness":

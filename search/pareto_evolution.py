@@ -88,12 +88,13 @@ class ParetoEvolution(RegularisedEvolution):
 
 
 def _score(value: Any) -> Score:
-    """A told score as a list of floats; None (or -inf, a failure told as a fitness) for a result
-    without a point. A plain fitness is a single objective, [0, fitness]."""
+    """A told score as a list of finite floats; None (or -inf, a failure told as a fitness, or any
+    value not finite) for a result without a point. A plain fitness is a single objective, [0, fitness]."""
     if value is None or (isinstance(value, float) and value == -math.inf):
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
         return [0.0, float(value)]
     if not isinstance(value, list | tuple) or len(value) < 2:
         raise EinspaceError(f"pareto_evolution is told [violation, objectives, ...] or a fitness: {value!r}")
-    return [float(x) for x in value]
+    score = [float(x) for x in value]
+    return score if all(math.isfinite(x) for x in score) else None

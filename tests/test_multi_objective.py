@@ -3,6 +3,7 @@ brute force over the history, limits refused before training, resume, the report
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -131,6 +132,18 @@ def test_hypervolume_over_compute_by_hand(searched):
     curve = objectives.hypervolume_over_compute(history)
     assert [c for c, _ in curve] == [1.0, 3.0, 4.0]
     assert [h for _, h in curve] == pytest.approx([15.0, 15.0, 21.0])
+
+
+def test_a_cached_copy_of_a_failure_has_no_point(searched):
+    e, _, _ = searched
+    objectives = _objectives(e)
+    copy = Record(0, "t", "0", "sampled", status=Status.CACHED, fitness=float("-inf"), cached_from=3)
+    assert objectives.score(copy) is None and objectives.values(copy) is None
+    strategy = e.make_strategy()
+    candidate = strategy.ask()
+    strategy.tell(candidate.id, [0.0, float("-inf"), -5.0])  # never kept: its checkpoint must be JSON
+    assert strategy.population[-1][2] is None
+    json.dumps(strategy.state_dict(), allow_nan=False)
 
 
 def test_a_constraint_kept_as_an_objective_is_its_excess(searched):
