@@ -52,6 +52,7 @@ from einspace.evaluators.budgets import Budget, activation_bytes, budget_violati
 from einspace.evaluators.continuation import Resumption
 from einspace.evaluators.datasets import Dataset, load_dataset
 from einspace.evaluators.inheritance import Lineage
+from einspace.evaluators.latency import forward_latency_ms
 from einspace.evaluators.objectives import Objective, objective_for
 from einspace.evaluators.optim import OPTIMIZERS, Optimizers, build_optimizer, check_param_groups
 from einspace.evaluators.time_budget import Laps, Progress, Projection, forecast_run
@@ -93,6 +94,7 @@ class TrainingSettings:
     max_flops: int | None = None
     max_activation_mb: float | None = None
     max_seconds: float | None = None  # wall-clock budget for one evaluation
+    latency_batch_size: int | None = None  # measure `latency_ms` of a forward pass at this batch (None: not)
     predicted_time_margin: float = 3.0  # refuse trees predicted to take more than this x max_seconds
     # subsets: the first N examples of a split (quick runs and tests); None: all
     train_subset: int | None = None
@@ -404,6 +406,8 @@ def _train(
         laps("validation")
         progress.device_ended = time.perf_counter()
         extras = {**done.auxiliary, **built.auxiliary.final_metrics(), **architecture_metrics(model)}
+        if (latency_batch := settings.latency_batch_size) is not None:
+            extras["latency_ms"] = forward_latency_ms(model, runtime, eval_x.shape[1:], latency_batch)
         if resumption is not None and not done.partial:
             tree = content_hash(checked.tree)
             extras.update(resumption.finish(tree, settings.epochs, model, built.optimizers, shuffle))

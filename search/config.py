@@ -21,6 +21,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from einspace.bundled import bundled_files, bundled_grammars, names_bundled
 from einspace.errors import EinspaceError, UnknownNameError
 from einspace.sampling import Limits
+from einspace.search.multi_objective import MultiObjectiveSection, check_multi_objective, check_strategy
 from einspace.state import FeatureState, input_state
 
 __all__ = [
@@ -273,6 +274,7 @@ class Experiment:
     plugins: tuple[str, ...] = ()
     warm_start: tuple[str, ...] = ()  # run directories whose results start the surrogate (search.warm_start)
     multi_fidelity: MultiFidelitySection
+    multi_objective: MultiObjectiveSection  # several objectives and limits (search.multi_objective)
     executor: ExecutorSection
     tracking: dict[str, Any] = field(default_factory=dict)  # backend -> settings (search.tracking)
     source: str = field(default="<experiment>", compare=False)
@@ -525,6 +527,7 @@ def _check_values(data: dict[str, Any], source: str) -> None:
         known = " or ".join(repr(m) for m in SAMPLING_MODES)
         raise ConfigError(f"{source}: sampling must be {known}, got {data['sampling']!r}")
     _check_multi_fidelity(data["multi_fidelity"], source)
+    check_multi_objective(data, source)
     x = data["executor"]
     if x["kind"] not in ("ray", "in_process"):
         raise ConfigError(f"{source}: executor.kind must be 'ray' or 'in_process', got {x['kind']!r}")
@@ -563,7 +566,9 @@ def _check_references(experiment: Experiment) -> Experiment:
     experiment = replace(experiment, multi_fidelity=multi_fidelity)
     space = experiment.space()
     require_consistent(space.grammar, space.input, experiment.allow_inconsistent)
-    check_warm_start(experiment, experiment.make_strategy(space))
+    strategy = experiment.make_strategy(space)
+    check_strategy(strategy, experiment.multi_objective.enabled, experiment.source)
+    check_warm_start(experiment, strategy)
     return experiment
 
 

@@ -258,6 +258,7 @@ def write_html_report(
     """Write the run's report page (default RUN_DIR/report.html) and return its path (the run's
     plugins imported only when `trust_plugins`)."""
     from einspace.pictures.files import page, tree_section
+    from einspace.search.pareto_report import pareto_section
     from einspace.search.report import best_records, metric_lines, plot_fitness, record_tags
 
     run_dir = Path(run_dir)
@@ -289,6 +290,7 @@ def write_html_report(
         if history
         else "<p>no evaluations</p>",
         *_compute_section(history, name, checkpoint),
+        *pareto_section(run, history),
         "<h2>Failures by reason</h2>",
     ]
     reasons = Counter((r.error or "?").splitlines()[0][:200] for r in history if r.status == Status.FAILED)

@@ -24,6 +24,7 @@ from einspace.plugins import import_plugins, is_loaded
 from einspace.search.config import Experiment
 from einspace.search.executors import Executor, Finished
 from einspace.search.inherited_weights import InheritedWeights
+from einspace.search.multi_objective import Objectives
 from einspace.search.store import Record, SQLiteStore, Status, Store
 from einspace.search.strategy import Candidate, Strategy
 from einspace.search.successive_halving import PROMOTION
@@ -256,6 +257,8 @@ class _Session:
         self.weights = InheritedWeights.of(run.directory, self.experiment)
         self.hashes: dict[int, str] = {}  # evaluation id -> tree hash, of parents looked up
         self.trackers = Trackers.of(self.experiment, run.directory, self.store)
+        space = self.experiment.space()
+        self.objectives = Objectives.of(self.experiment.multi_objective, space.grammar, space.input)
 
     def run(self) -> RunSummary:
         try:
@@ -314,7 +317,12 @@ class _Session:
         else:
             if existing is not None:  # running when the last session stopped
                 self.summary.requeued += 1
-            self._submit(candidate)
+            refusal = self.objectives.refusal(candidate.tree) if self.objectives is not None else None
+            if refusal is None:
+                self._submit(candidate)
+            else:  # breaks a limit on an analytic quantity: never trained
+                self.store.submit(_record(candidate))
+                self._tell(candidate, self._commit(_record(candidate, status=Status.FAILED, error=refusal)))
 
     def _stored(self, candidate: Candidate) -> Record | None:
         """The store's record of the candidate's id, which must be of the same tree."""
@@ -397,7 +405,9 @@ class _Session:
 
     def _tell(self, candidate: Candidate, record: Record) -> None:
         """Tell the strategy a committed result, then checkpoint it."""
-        fitness = record.fitness if record.fitness is not None else float("-inf")
+        fitness: Any = record.fitness if record.fitness is not None else float("-inf")
+        if self.objectives is not None and self.strategy.multi_objective:
+            fitness = self.objectives.score(record)
         self.strategy.tell(candidate.id, fitness, partial=record.partial)
         self.store.save_checkpoint(self.strategy.state_dict())
         if self.states is not None:

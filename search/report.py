@@ -355,10 +355,12 @@ def report(
     """The report text; also writes RUN_DIR/evaluations.csv, RUN_DIR/fitness.png and
     RUN_DIR/compute.png. Trees are printed folded (see `einspace.pictures.folding`), or as their
     full one-line text (`full`). The run's plugins are imported only when `trust_plugins`."""
+    from einspace.search.pareto_report import front_lines
+
     run_dir = Path(run_dir)
     with SearchRun.open(run_dir, trust_plugins) as run:
         history = run.store.history()
-        lines = _header_lines(run, history) + [""]
+        lines = _header_lines(run, history) + front_lines(run, history) + [""]
         lines += _top_lines(run, best_records(history, top), full)
     write_csv(history, run_dir / "evaluations.csv")
     lines.append("")

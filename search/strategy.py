@@ -135,6 +135,9 @@ class Strategy(ABC):
     #: Whether the strategy's result is the mean fitness of what it evaluated (random sampling:
     #: the expected performance of the space) rather than the best; reports print the mean then.
     reports_mean: ClassVar[bool] = False
+    #: Whether `tell` takes a multi-objective score ([violation, objectives maximised], None for a
+    #: failure: `einspace.search.multi_objective`) instead of the fitness.
+    multi_objective: ClassVar[bool] = False
 
     def __init__(self, space: SearchSpace, random_seed: int = 0, evaluations: int = 1000):
         self.space = space
@@ -248,7 +251,12 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
 #: Every strategy class by name; the built-in ones register as their modules are first needed.
 STRATEGIES: Registry[type[Strategy]] = Registry(
     "strategy",
-    builtins=("einspace.search.eda", "einspace.search.evolution", "einspace.search.random_search"),
+    builtins=(
+        "einspace.search.eda",
+        "einspace.search.evolution",
+        "einspace.search.pareto_evolution",
+        "einspace.search.random_search",
+    ),
 )
 
 

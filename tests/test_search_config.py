@@ -118,6 +118,7 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
             "rungs": None,
             "promotion": None,
         },
+        "multi_objective": {"objectives": [], "constraints": [], "reference": None, "batch_size": 1},
         "executor": {
             "kind": "in_process",
             "max_in_flight": 1,

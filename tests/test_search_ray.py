@@ -535,3 +535,25 @@ def test_a_search_over_two_nodes_survives_losing_the_worker_node(tmp_path):
     )
     line = next(x for x in report.stdout.splitlines() if x.startswith("evaluations per Ray node: "))
     assert all(f"{node[:12]} {n}" in line for node, n in nodes.items())
+
+
+def test_a_pareto_search_on_ray_gives_the_in_process_history(tmp_path, shared):
+    """Multi-objective evolution, with trees over a parameter limit refused before training, reaches
+    the same history through Ray workers as in the driver's process."""
+    pareto = {"name": "pareto_evolution", "settings": {"evaluations": 20, "population": 6, "tournament": 3}}
+    section = {
+        "objectives": [{"name": "fitness"}, {"name": "params"}],
+        "constraints": [{"name": "params", "max": 20_000}],
+    }
+    shared.max_in_flight = 1
+    try:
+        e = ray_experiment(
+            tmp_path / "ray", strategy=pareto, multi_objective=section, executor={"max_in_flight": 1}
+        )
+        summary, history = run(e, shared)
+    finally:
+        shared.max_in_flight = 2
+    local = experiment(tmp_path / "local", strategy=pareto, multi_objective=section)
+    _, reference = run(local)
+    assert summary.finished and history_key(history) == history_key(reference)
+    assert any(r.worker for r in history) and any(r.error and "infeasible" in r.error for r in history)

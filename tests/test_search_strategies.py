@@ -20,6 +20,7 @@ SETTINGS = {
     "random_search": {"evaluations": 12},
     "random_sampling": {"evaluations": 12},
     "regularised_evolution": {"evaluations": 30, "population": 6, "tournament": 3, "crossover": 0.3},
+    "pareto_evolution": {"evaluations": 30, "population": 6, "tournament": 3, "crossover": 0.3},
     "estimation_of_distribution": {"evaluations": 20, "elite": 4, "warmup": 8, "update_every": 6},
 }
 
