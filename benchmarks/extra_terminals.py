@@ -1,6 +1,7 @@
 """The extra terminals (NOS, XD, DNArch) against the operation each replaces: time and memory.
 
-    python benchmarks/extra_terminals.py [--batch 32] [--channels 32] [--size 32] [--repeats 10] [--min-seconds 2] [--quick]
+    python benchmarks/extra_terminals.py [--batch 32] [--channels 32] [--size 32] [--repeats 10]
+        [--min-seconds 2] [--quick]
 
 For every row one training step — forward, a mean-square loss, backward — of the terminal's
 module, built through the operation registry exactly as a compiled tree builds it, is measured
@@ -246,9 +247,10 @@ def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_second
         error = ((fft(x) - ref).norm() / ref.norm()).item()
     if error > 1e-4:
         raise SystemExit(f"FFT convolution differs from the convolution by {error:.1e} at {case.name}")
-    start = time.perf_counter()
-    for name, module in modules.items():
-        training_step(module, inputs[name])
+    for _ in range(2):  # a warm-up round, then one timed (the first steps pay one-time costs)
+        start = time.perf_counter()
+        for name, module in modules.items():
+            training_step(module, inputs[name])
     # short rows take more steps: their medians are the most exposed to a shared machine's noise
     repeats = max(repeats, min(MAX_REPEATS, math.ceil(min_seconds / (time.perf_counter() - start))))
     memory = {n: peak_bytes(lambda n=n, m=m: training_step(m, inputs[n])) for n, m in modules.items()}

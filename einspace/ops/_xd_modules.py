@@ -26,7 +26,8 @@ view of its operands for free, so each axis' transform consumes one end of the t
 puts its result at the other, and (B, c_in, *input) reaches the frequency-major (*n, B, c_in) of
 the channel mix, and from there (B, c_out, *out), with no transposing copy on dense axes, in
 forward or backward (a two-pass axis copies its lines into the grid of the first pass on the M
-side, and reorders the second pass' result on either side).
+side and reorders the K side's result; on a square grid the frequencies in between stay in the
+order the passes leave them, `_Axis.residue_major`).
 """
 
 from __future__ import annotations
@@ -177,6 +178,22 @@ class _Axis(NamedTuple):
     matrix: Tensor | None
     blocks: tuple[Tensor, Tensor] | None = None
 
+    @property
+    def residue_major(self) -> bool:
+        """Whether the frequencies between the M and K sides are stored in the order the two passes
+        leave them, residue-major (frequency q' m + j at j r + q'), not in their own order: on a
+        square grid (m = r) that is the (c, a) grid the K side's first pass reads, so neither side
+        reorders them (the diagonal's b is stored so too)."""
+        return self.blocks is not None and self.blocks[0].shape[-3] == self.blocks[1].shape[-3]
+
+    def stored(self, frequencies: Tensor, dim: int) -> Tensor:
+        """Values by frequency along `dim`, in the order this axis stores its frequencies."""
+        if not self.residue_major:
+            return frequencies
+        m = self.blocks[1].shape[-3]
+        order = torch.arange(self.n, device=frequencies.device).reshape(m, m).T.reshape(-1)
+        return frequencies.index_select(dim, order)
+
 
 #: A complex tensor as its real and imaginary parts, the second None for a real tensor.
 Planes = tuple[Tensor, Tensor | None]
@@ -323,7 +340,10 @@ def _to_front(z: Planes, axis: _Axis, place: int) -> Planes:
         r = axis.blocks[0].shape[-3]
         grid = tuple(None if p is None else _block_grid(p, r, place) for p in z)
         y = _two_passes(grid, axis, place // r, slice(None), real=False)
-        z = tuple(p.transpose(0, 1).reshape(axis.n, -1) for p in y)  # frequency q' m + j first
+        if axis.residue_major:
+            z = tuple(p.reshape(axis.n, -1) for p in y)  # a view
+        else:
+            z = tuple(p.transpose(0, 1).reshape(axis.n, -1) for p in y)  # frequency q' m + j first
     elif axis.matrix is None:
         out = _staged(_complex(z).reshape(-1, length), axis, place).T
         z = (out.real, out.imag)
@@ -340,7 +360,10 @@ def _to_back(z: Planes, axis: _Axis, keep: slice, real: bool) -> Planes:
     if axis.blocks is not None:
         # the (m, r) grid of the first axis, as the first pass reads it: (c, a, L), a view
         r = axis.blocks[0].shape[-3]
-        x = tuple(None if p is None else p.reshape(length // r, r, -1).transpose(0, 1) for p in z)
+        if axis.residue_major:
+            x = tuple(p.reshape(r, length // r, -1) for p in z)
+        else:
+            x = tuple(p.reshape(length // r, r, -1).transpose(0, 1) for p in z)
         y = _two_passes(x, axis, 0, keep, real)
         z = tuple(None if p is None else p.permute(2, 1, 0).reshape(p.shape[2], -1)[:, keep] for p in y)
     elif axis.matrix is None:
@@ -496,7 +519,10 @@ class XDConv(nn.Module):
             taps = _complex_mm(columns[0], taps)  # (n_1, k c_in c_out)
         earlier = math.prod(self.fourier[:-1])
         n = self.fourier[-1]
-        bias = torch.view_as_complex(self.b).reshape(earlier, n, 1)
+        bias = torch.view_as_complex(self.b)
+        for dim, axis in enumerate(l_axes):
+            bias = axis.stored(bias, dim)  # the columns of L come in that order already
+        bias = bias.reshape(earlier, n, 1)
         left = tuple(
             torch.cat([col.expand(earlier, n, k), b], -1)
             for col, b in zip(columns[-1], _planes(bias), strict=True)
