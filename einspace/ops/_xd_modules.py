@@ -511,27 +511,19 @@ class XDConv(nn.Module):
         complex multiply-adds, 2.4x fewer than the Kronecker product of the axes' columns
         beside b, n^2 (k^2 + 1) c_in c_out."""
         k, c_in, c_out = self.kernel_size, self.in_channels, self.out_channels
-        columns = [_planes(_first_columns(a, k)) for a in l_axes]  # (n_a, k) each
+        columns = [_first_columns(a, k) for a in l_axes]  # (n_a, k) each
         gates = torch.view_as_complex(self.C).T  # (c_in, c_out)
         taps = self.weight.reshape(c_out, c_in, -1).permute(2, 1, 0) * gates  # (k^N, c_in, c_out)
-        taps = _planes(taps.reshape(k, -1))  # (k, k^(N-1) c_in c_out): the first axis' taps first
+        taps = taps.reshape(k, -1)  # (k, k^(N-1) c_in c_out): the first axis' taps first
         if len(l_axes) == 2:
-            taps = _complex_mm(columns[0], taps)  # (n_1, k c_in c_out)
-        earlier = math.prod(self.fourier[:-1])
-        n = self.fourier[-1]
+            taps = _complex(_complex_mm(_planes(columns[0]), _planes(taps)))  # (n_1, k c_in c_out)
+        earlier, n = math.prod(self.fourier[:-1]), self.fourier[-1]
         bias = torch.view_as_complex(self.b)
         for dim, axis in enumerate(l_axes):
             bias = axis.stored(bias, dim)  # the columns of L come in that order already
-        bias = bias.reshape(earlier, n, 1)
-        left = tuple(
-            torch.cat([col.expand(earlier, n, k), b], -1)
-            for col, b in zip(columns[-1], _planes(bias), strict=True)
-        )
-        gate_planes = tuple(g.reshape(1, 1, -1).expand(earlier, 1, -1) for g in _planes(gates))
-        right = tuple(
-            torch.cat([t.reshape(earlier, k, -1), g], 1) for t, g in zip(taps, gate_planes, strict=True)
-        )
-        diagonal = _complex_mm(left, right)  # (earlier, n, c_in c_out)
+        left = torch.cat([columns[-1].expand(earlier, n, k), bias.reshape(earlier, n, 1)], -1)
+        right = torch.cat([taps.reshape(earlier, k, -1), gates.reshape(1, 1, -1).expand(earlier, 1, -1)], 1)
+        diagonal = _complex_mm(_planes(left), _planes(right))  # (earlier, n, c_in c_out)
         return tuple(p.view(-1, c_in, c_out) for p in diagonal)
 
     def forward(self, x: Tensor) -> Tensor:
