@@ -241,6 +241,66 @@ def test_any_parameters_match_an_independent_complex_computation(
         assert relative(grad, ref_grad) < 1e-9, name
 
 
+LONG = pytest.mark.slow  # the float64 reference multiplies out 1024- and 2048-point matrices
+
+
+@pytest.mark.parametrize(
+    "spatial, s, channels_last",
+    [
+        ((200,), 1, True),
+        ((30, 30), 1, False),
+        ((32, 32), 2, False),
+        pytest.param((1000,), 1, True, marks=LONG),
+        pytest.param((1024,), 2, False, marks=LONG),
+    ],
+)
+def test_float32_matches_the_reference_at_the_benchmark_sizes(
+    monkeypatch, spatial: tuple[int, ...], s: int, channels_last: bool
+):
+    """The benchmark's shapes in float32 (two-pass blocks on long axes: 1000 and 1024 points, or 200
+    with blocks from 128; dense matrices in 2-d), parameters moved off the warm start: output and
+    gradients within 1e-5 of the definition computed in float64."""
+    monkeypatch.setattr(xd_module, "BLOCKED_MIN", 128)
+    xd = XDConv(3, 4, 3, spatial, stride=s, padding=1, channels_last=channels_last)
+    with torch.no_grad():
+        for param in xd.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    shape = (2, *spatial, 3) if channels_last else (2, 3, *spatial)
+    x = torch.randn(shape, requires_grad=True)
+    double = XDConv(3, 4, 3, spatial, stride=s, padding=1, channels_last=channels_last, dtype=torch.float64)
+    double.load_state_dict(xd.state_dict())
+    x64 = x.detach().double().requires_grad_()
+    out, ref = xd(x), _reference_xd(double, x64)
+    assert out.dtype == torch.float32 and relative(out.double(), ref) < 1e-5
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (x, *xd.parameters()), upstream)
+    ref_grads = torch.autograd.grad(ref, (x64, *double.parameters()), upstream.double())
+    names = ("input", *(name for name, _ in xd.named_parameters()))
+    for name, grad, ref_grad in zip(names, grads, ref_grads, strict=True):
+        assert relative(grad.double(), ref_grad) < 1e-5, name
+
+
+@pytest.mark.parametrize("spatial", [(5,), (3, 6)])
+@pytest.mark.parametrize("path", ["dense", "blocked"])
+def test_gradcheck_in_float64(monkeypatch, spatial: tuple[int, ...], path: str):
+    """The hand-written backward of the real-plane products (transforms, L one axis at a time,
+    channel mix) against finite differences, every parameter and the input."""
+    if path == "blocked":
+        monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4)
+    xd = XDConv(2, 2, 3, spatial, stride=1, padding=1, dtype=torch.float64)
+    with torch.no_grad():
+        for param in xd.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    names = [name for name, _ in xd.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for p in xd.parameters()]
+    x = torch.randn(1, 2, *spatial, dtype=torch.float64, requires_grad=True)
+
+    def call(x: torch.Tensor, *values: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(xd, dict(zip(names, values, strict=True)), (x,))
+
+    assert torch.autograd.gradcheck(call, (x, *params), eps=1e-6, atol=1e-6, fast_mode=True)
+
+
 def test_runs_in_full_precision_under_autocast():
     """Mixed-precision training autocasts the layers around it; the XD-operation itself stays
     in its parameters' precision (complex products have no reduced-precision kernels)."""
