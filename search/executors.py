@@ -179,6 +179,22 @@ NODE_LOSS_RETRIES = 3
 _log = logging.getLogger(__name__)
 
 
+def _node_of(ray: Any, ready: Any) -> str | None:
+    """The node a worker reported from `ready` (None: it died starting)."""
+    try:
+        return ray.get(ready)
+    except Exception:  # noqa: BLE001 - its job fails with the reason
+        return None
+
+
+def _node_lost(ray: Any, slot: _Slot) -> bool:
+    """Whether the node of a dead worker is gone from the cluster (the evaluation is not to
+    blame): Ray reports an actor dead only once it knows why, so the node is marked by then."""
+    if slot.node is None:
+        return False
+    return slot.node not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
 class RayExecutor(Executor):
     """Evaluations run in Ray worker actors, each holding `num_cpus` and a share of a GPU, so
     Ray's scheduler places them over a pool of GPUs across nodes (it sets CUDA_VISIBLE_DEVICES
@@ -373,7 +389,7 @@ class RayExecutor(Executor):
             if ref in self._starting:
                 slot = self._starting.pop(ref)
                 slot.ready_at = time.monotonic()  # a worker that died starting fails its job below
-                slot.node = self._node_of(ref)
+                slot.node = _node_of(self._ray, ref)
             elif (done := self._collect(ref)) is not None:
                 finished.append(done)
         now = time.monotonic()
@@ -398,7 +414,7 @@ class RayExecutor(Executor):
         except Exception as exc:  # noqa: BLE001 - worker death, node loss, OOM kill: a failed result
             self._retire(job.slot, healthy=False)
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            if self._node_lost(job.slot) and self._retries.get(job.key, 0) < NODE_LOSS_RETRIES:
+            if _node_lost(self._ray, job.slot) and self._retries.get(job.key, 0) < NODE_LOSS_RETRIES:
                 self._retries[job.key] = self._retries.get(job.key, 0) + 1
                 _log.warning("evaluation %d lost its node, retrying it elsewhere: %s", job.key, first)
                 self._queue.appendleft((job.key, job.task, job.slot.share))  # dispatched on return
@@ -408,20 +424,6 @@ class RayExecutor(Executor):
         self._retries.pop(job.key, None)
         self._retire(job.slot, healthy=out["recycle"] is None)
         return Finished(job.key, Result.from_json(out["result"]), out["worker"], job.slot.node)
-
-    def _node_of(self, ready: Any) -> str | None:
-        """The node a worker reported from `ready` (None: it died starting)."""
-        try:
-            return self._ray.get(ready)
-        except Exception:  # noqa: BLE001 - its job fails with the reason
-            return None
-
-    def _node_lost(self, slot: _Slot) -> bool:
-        """Whether the node of a dead worker is gone from the cluster (the evaluation is not to
-        blame): Ray reports an actor dead only once it knows why, so the node is marked by then."""
-        if slot.node is None:
-            return False
-        return slot.node not in {n["NodeID"] for n in self._ray.nodes() if n["Alive"]}
 
     def shutdown(self) -> None:
         for slot in [*self._idle, *self._starting.values(), *(j.slot for j in self._jobs.values())]:
