@@ -84,13 +84,18 @@ def test_the_report_prints_the_front(searched):
     assert [int(line.split()[0]) for line in table[: len(front_ids)]] == front_ids
 
 
-def test_the_html_report_plots_the_front_and_draws_its_trees(searched, tmp_path):
+def test_the_html_report_plots_the_front_and_draws_its_trees(searched, tmp_path, monkeypatch):
+    from einspace.search import pareto_report
     from einspace.search.html_report import write_html_report
+
+    monkeypatch.setattr(pareto_report, "DRAWN", 2)  # drawing trees is the slow part
 
     e, _, history = searched
     page = write_html_report(e.directory, tmp_path / "r.html", top=1, trust_plugins=True).read_text()
     assert "<h2>Pareto front</h2>" in page and 'alt="hypervolume over compute"' in page
-    assert page.count("<h3>front: id") == min(len(_objectives(e).front(history)), 12)
+    front = _objectives(e).front(history)
+    assert len(front) > 2 and page.count("<h3>front: id") == 2
+    assert f"{len(front) - 2} more front members are in the table above" in page
 
 
 def test_stop_and_resume_gives_the_same_history(tmp_path, searched):
