@@ -33,6 +33,7 @@ from einspace.tree import Terminal, walk
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = load_grammar("einspace")
 PLUS = load_grammar("einspace_plus")
+ZOO = load_grammar("einspace_zoo")
 
 #: Runs in the child: argv = payload, results, exported files. It must not need einspace.
 CHILD = r"""
@@ -311,6 +312,26 @@ def _calibrated() -> list[CheckedTree]:
     return [check_tree(tree, PLUS, x) for tree in trees]
 
 
+def _zoo_blocks() -> list[CheckedTree]:
+    """Grouped convolutions and squeeze-and-excitation (both activations) of einspace_zoo after
+    each block of a small ResNet; and two 1×1 convolutions of unequal widths concatenated (the
+    export stacks them into one layer of the summed width)."""
+    x = input_state((3, 16, 16))
+    trees = [
+        arch.resnet((1, 1), (16, 32), after_block=lambda name=name, args=args: arch.computation(name, **args))
+        for name, args in (
+            ("grouped_conv", {"g": 4, "k": 3, "s": 1, "p": 1}),
+            ("squeeze_excite", {"r": 4, "act": "silu"}),
+            ("squeeze_excite", {"r": 16, "act": "relu"}),
+        )
+    ]
+    trees.append(arch.network(arch.seq(arch.conv(16), arch.computation("grouped_conv", g=2, k=3, s=2, p=1))))
+    concat = arch.op("concat", dim=1, b=2)
+    unequal = arch.branching(arch.op("clone", b=2), [arch.linear(16), arch.linear(32)], concat)
+    trees.append(arch.network(arch.seq(unequal, arch.norm())))
+    return [check_tree(tree, ZOO, x) for tree in trees]
+
+
 def _exportable(checked: CheckedTree) -> bool:
     return not any(isinstance(n, Terminal) and n.op.startswith("dnarch") for _, n in walk(checked.tree))
 
@@ -318,7 +339,7 @@ def _exportable(checked: CheckedTree) -> bool:
 @pytest.fixture(scope="module")
 def sampled_export(tmp_path_factory) -> Exported:
     """Paper grammar samples, mutated seeds, einspace_plus samples (NOS calibrations and XD;
-    DNArch refused) and every calibration: over 250 networks, 100 to a file."""
+    DNArch refused), every calibration and einspace_zoo's blocks: over 250 networks, 100 to a file."""
     tmp_path = tmp_path_factory.mktemp("sampled")
     trees = _sampled(PAPER, 110, 0) + _mutants(20)
     plus = _sampled(PLUS, 80, 10_000)
@@ -327,7 +348,7 @@ def sampled_export(tmp_path_factory) -> Exported:
     for checked in refused[:5]:
         with pytest.raises(EinspaceError, match=r"export of dnarch_\w+ is not supported"):
             export_tree(checked, classes=3)
-    trees += [t for t in plus if _exportable(t)] + _calibrated()
+    trees += [t for t in plus if _exportable(t)] + _calibrated() + _zoo_blocks()
     assert len(trees) >= 250
     networks, payload, expected, files, checked_trees = {}, {}, {}, [], {}
     generator = torch.Generator().manual_seed(0)
@@ -360,6 +381,8 @@ def test_hundreds_of_sampled_and_mutated_trees_agree_in_a_fresh_process(sampled_
         "torch.cat(",
         " @ ",
         "F.unfold(",
+        "groups=4)",
+        "torch.sigmoid(",
     ):
         assert construct in sources, construct
     for helper in ("class ChannelAttention", "class SpatialAttention", "class DynamicKernel"):

@@ -565,7 +565,9 @@ def test_crossover_of_relatives_is_valid(case, seed):
 def test_crossover_usually_succeeds(case):
     """Not vacuous: of 40 pairs of different unrelated parents, 40% to 80% (measured: 20 to 30
     in every case) share an exchangeable subtree (same symbol, same signal in) whose exchange
-    keeps the tree valid; of 40 trees and their mutants, at least 85% (measured: 36 to 40)."""
+    keeps the tree valid; of 40 trees and their mutants, at least 80% (measured: 33 to 40, 33
+    for einspace_zoo at 8×40×48 since grouped_conv and squeeze_excite joined it; a miss is a pair
+    that shares no exchangeable subtree, never an invalid child, which check_tree would raise)."""
     grammar, x = _case(case)
     variation = Variation(grammar, x, VARIATION_LIMITS, rng=random.Random(0))
     sampler = Sampler(grammar, x, VARIATION_LIMITS, random_seed=0)
@@ -585,7 +587,7 @@ def test_crossover_usually_succeeds(case):
             else:
                 relatives += 1
     assert 16 <= unrelated <= 32, unrelated
-    assert relatives >= 34, relatives
+    assert relatives >= 32, relatives
 
 
 # ----------------------------------------------------------------------------- failing fast

@@ -1,9 +1,10 @@
-"""The torch modules behind the `einspace.ops.zoo` operations: torch's own, and a depthwise
-convolution of its own type (export and import recognise modules by type)."""
+"""The torch modules behind the `einspace.ops.zoo` operations: torch's own, and depthwise and
+grouped convolutions of their own types (export and import recognise modules by type)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn import GELU, AvgPool2d, Dropout, Hardswish, MaxPool2d, ReLU, ReLU6, SiLU
 
@@ -13,12 +14,14 @@ __all__ = [
     "AvgPool2d",
     "DepthwiseConv",
     "Dropout",
+    "GroupedConv",
     "Hardswish",
     "LayerScale",
     "MaxPool2d",
     "ReLU",
     "ReLU6",
     "SiLU",
+    "SqueezeExcite",
 ]
 
 
@@ -27,6 +30,31 @@ class DepthwiseConv(nn.Conv2d):
 
     def __init__(self, channels: int, k: int, s: int, p: int):
         super().__init__(channels, channels, k, s, p, groups=channels)
+
+
+class GroupedConv(nn.Conv2d):
+    """A k×k convolution C → C in g groups, with a bias."""
+
+    def __init__(self, channels: int, g: int, k: int, s: int, p: int):
+        super().__init__(channels, channels, k, s, p, groups=g)
+
+
+class SqueezeExcite(nn.Module):
+    """x times σ(expand(act(reduce(mean over space of x)))), the layers 1×1 convolutions with
+    biases (torchvision's SqueezeExcitation: the same parameter names and shapes)."""
+
+    def __init__(self, channels: int, squeezed: int, act: str):
+        super().__init__()
+        self.act = act
+        self.fc1 = nn.Conv2d(channels, squeezed, 1)
+        self.fc2 = nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = F.relu if self.act == "relu" else F.silu
+        return x * torch.sigmoid(self.fc2(act(self.fc1(x.mean((2, 3), keepdim=True)))))
+
+    def extra_repr(self) -> str:
+        return f"act={self.act}"
 
 
 class LayerScale(nn.Module):

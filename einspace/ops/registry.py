@@ -178,12 +178,14 @@ BUILTIN_OPERATIONS = {
         "depthwise_conv",
         "dropout",
         "gelu",
+        "grouped_conv",
         "hardswish",
         "layer_scale",
         "max_pool",
         "relu",
         "relu6",
         "silu",
+        "squeeze_excite",
     ),
 }
 

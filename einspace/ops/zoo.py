@@ -1,5 +1,6 @@
 """The terminals of the architectures people use (issue 25), for the `einspace_zoo` grammar:
-activations, dropout, max and average pooling, depthwise convolution, layer scale.
+activations, dropout, max and average pooling, depthwise and grouped convolution,
+squeeze-and-excitation, layer scale, a layer norm over an image's channels.
 
 Shapes exclude the batch axis; FLOPs are per sample with a multiply-add counted as 2 (as in
 `core`). Per element: ReLU 1, ReLU6 2 (two clamps), SiLU 4 (x·σ(x): exponent, sum, divide,
@@ -8,7 +9,8 @@ a rational approximation of erf and the product), dropout 1 (the mask's product,
 Layer scale: a learnt scale per feature (channels in im mode, the last axis in col mode), 1 FLOP
 per element, a parameter per feature. Pooling: max (k²−1) comparisons and average k² operations
 (k²−1 sums, one division) per output element. Depthwise convolution (C → C, one k×k filter per
-channel, with a bias): (2·k² + 1) per output element, C·k² + C parameters.
+channel, with a bias): (2·k² + 1) per output element, C·k² + C parameters; grouped (g groups):
+(2·(C/g)·k² + 1) per output element, C·(C/g)·k² + C parameters.
 
 The shape rules are here, without torch; the modules are in `einspace.ops._zoo_modules`.
 """
@@ -158,6 +160,93 @@ class DepthwiseConv(_Window):
 
     def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
         return (2 * args["k"] ** 2 + 1) * _numel(self.apply(state, args))
+
+
+@register_op
+class GroupedConv(_Window):
+    """A k×k convolution C → C in g groups of C/g channels, with a bias (ResNeXt, RegNet:
+    `nn.Conv2d(C, C, k, s, p, groups=g)`); g = 1 is a full convolution, g = C a depthwise one.
+    Needs g to divide C."""
+
+    name = "grouped_conv"
+    arguments = (Argument("g", int, lambda v: None if v >= 1 else "must be >= 1", "groups"), *_KSP)
+
+    def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
+        out = super().apply(state, args)
+        if state.shape[0] % args["g"]:
+            raise infeasible(f"grouped_conv: {args['g']} groups do not divide {state.shape[0]} channels")
+        return out
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.GroupedConv(state.shape[0], args["g"], args["k"], args["s"], args["p"])
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        c = state.shape[0]
+        return c * (c // args["g"]) * args["k"] ** 2 + c
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        per_output = 2 * (state.shape[0] // args["g"]) * args["k"] ** 2 + 1
+        return per_output * _numel(self.apply(state, args))
+
+
+# ---------------------------------------------------------------- squeeze-and-excitation
+
+
+def _activation(value: str) -> str | None:
+    return None if value in SQUEEZE_ACTIVATIONS else f"must be one of {', '.join(SQUEEZE_ACTIVATIONS)}"
+
+
+#: The activations between squeeze-and-excitation's two layers, with their FLOPs per element.
+SQUEEZE_ACTIVATIONS = {"relu": ACTIVATIONS["relu"][1], "silu": ACTIVATIONS["silu"][1]}
+
+
+def squeezed(channels: int, r: int) -> int:
+    """The width of the squeeze, C / r (torchvision's EfficientNet: the block's input C_in / 4,
+    C / 24 after an expansion by 6; SENet: C / 16). r must divide C, so that each r gives its own
+    width (and an imported tree its one r)."""
+    return channels // r
+
+
+@register_op
+class SqueezeExcite(UnaryOperation):
+    """x · σ(W₂ act(W₁ mean(x) + b₁) + b₂): each channel rescaled by a gate computed from the
+    mean of all channels (SENet, MobileNet, EfficientNet), im mode only; W₁ is C → C/r (r must
+    divide C), W₂ back to C. Params: 2·C·(C/r) + C/r + C. FLOPs: the mean and the product 1 per
+    element each, the two layers 2·C·(C/r) plus a bias each, the activation as `relu` or `silu`
+    per squeezed element, the sigmoid 4 per channel (as SiLU: exponent, sum, divide)."""
+
+    name = "squeeze_excite"
+    group = Group.COMPUTATION
+    exportable = True
+    arguments = (
+        Argument("r", int, lambda v: None if v >= 1 else "must be >= 1", "reduction of the squeeze"),
+        Argument("act", str, _activation, "activation between the two layers"),
+    )
+
+    def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
+        if state.mode != IM:
+            raise infeasible(f"squeeze_excite needs im mode, got {state}")
+        if state.shape[0] % args["r"]:
+            raise infeasible(f"squeeze_excite: r = {args['r']} does not divide {state.shape[0]} channels")
+        return state
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        c = state.shape[0]
+        return _modules.SqueezeExcite(c, squeezed(c, args["r"]), args["act"])
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        c = state.shape[0]
+        d = squeezed(c, args["r"])
+        return 2 * c * d + d + c
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        c = state.shape[0]
+        d = squeezed(c, args["r"])
+        layers = 4 * c * d + d + c
+        return 2 * _numel(state) + layers + SQUEEZE_ACTIVATIONS[args["act"]] * d + 4 * c
+
+    def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
+        return (mode, 1) if b == 1 and mode == IM else None
 
 
 # ---------------------------------------------------------------- layer scale

@@ -231,12 +231,13 @@ def _branch_linear(writer: Writer, scope: Instance, module: BranchLinear, x: str
     linears = module.linears
     n_in, d, b = linears[0].in_features, linears[0].out_features, len(linears)
     weights = [m.weight[:, :, None, None] if module.image else m.weight for m in linears]
-    if module.combine == "features":  # stacked: one layer to b·d features
+    if module.combine == "features":  # stacked: one layer to the sum of the widths (unequal ones too)
         state = {"weight": torch.cat(weights), "bias": torch.cat([m.bias for m in linears])}
+        total = sum(m.out_features for m in linears)
         if module.image:
-            layer = scope.add("conv", _CONV2D, _conv_slots(n_in, b * d), state)
+            layer = scope.add("conv", _CONV2D, _conv_slots(n_in, total), state)
         else:
-            layer = scope.add("linear", "nn.Linear({}, {})", _linear_slots(n_in, b * d), state)
+            layer = scope.add("linear", "nn.Linear({}, {})", _linear_slots(n_in, total), state)
         scope.line(f"{out} = {layer}({x})")
         return out
     state = {}
@@ -357,6 +358,27 @@ def _depthwise(writer: Writer, scope: Instance, module: nn.Conv2d, x: str, out: 
     return out
 
 
+def _grouped(writer: Writer, scope: Instance, module: nn.Conv2d, x: str, out: str) -> str:
+    (k,), (s,), (p,) = module.kernel_size[:1], module.stride[:1], module.padding[:1]
+    slots = (("channels", module.in_channels), ("groups", module.groups), ("kernel_size", k))
+    slots += (("stride", s), ("padding", p))
+    template = "nn.Conv2d({0}, {0}, {2}, {3}, {4}, groups={1})"
+    conv = scope.add("grouped", template, slots, module.state_dict())
+    scope.line(f"{out} = {conv}({x})")
+    return out
+
+
+def _squeeze_excite(
+    writer: Writer, scope: Instance, module: _zoo_modules.SqueezeExcite, x: str, out: str
+) -> str:
+    slots = (("channels", module.fc1.in_channels), ("squeezed", module.fc1.out_channels))
+    fc1 = scope.add("squeeze", "nn.Conv2d({0}, {1}, 1)", slots, module.fc1.state_dict())
+    fc2 = scope.add("excite", "nn.Conv2d({1}, {0}, 1)", slots, module.fc2.state_dict())
+    gate = f"{fc2}(F.{module.act}({fc1}({x}.mean((2, 3), keepdim=True))))"
+    scope.line(f"{out} = {x} * torch.sigmoid({gate})")
+    return out
+
+
 def _layer_scale(writer: Writer, scope: Instance, module: _zoo_modules.LayerScale, x: str, out: str) -> str:
     shape = tuple(module.weight.shape)
     template = (
@@ -407,6 +429,8 @@ _HANDLERS: dict[type, _Handler] = {
     _zoo_modules.MaxPool2d: _pool,
     _zoo_modules.AvgPool2d: _pool,
     _zoo_modules.DepthwiseConv: _depthwise,
+    _zoo_modules.GroupedConv: _grouped,
+    _zoo_modules.SqueezeExcite: _squeeze_excite,
     _zoo_modules.LayerScale: _layer_scale,
     _zoo_modules.ChannelNorm: _channel_norm,
 }

@@ -1,35 +1,32 @@
 """Import a PyTorch model, traced with torch.fx, as a derivation tree that computes the same function.
 
-The importer by concern: `graph` reads the traced model (values, dominators, source lines);
-`converter` builds the tree from the outputs back to the input, with `layers` (one-input
-operations and layers with weights) and `joins` (branching modules, attention); `pieces` holds
-what the tree is built from, and `weights` the model's weights in the compiled tree. How the
-import works is told in `converter`'s docstring.
+The importer by concern: `loading` imports the user's model file and calls its factory; `graph`
+reads the traced model (values, dominators, source lines); `converter` builds the tree from the
+outputs back to the input, with `layers` (one-input operations and layers with weights) and
+`joins` (branching modules, attention); `pieces` holds what the tree is built from, and `weights`
+the model's weights in the compiled tree. How the import works is told in `converter`'s docstring.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from einspace.checker import check_tree
-from einspace.errors import EinspaceError, TreeError
+from einspace.errors import TreeError
 from einspace.grammar.model import Grammar
 from einspace.grammar.parser import load_grammar
 from einspace.network.compiler import compile_backbone, compile_network
 from einspace.network.importer.converter import Converter
 from einspace.network.importer.graph import ModelImportError
+from einspace.network.importer.loading import ModelLoadError, load_factory
 from einspace.network.importer.weights import transferred_state
 from einspace.state import FeatureState
 from einspace.tree import Node, pretty
 
-__all__ = ["ImportedModel", "ModelImportError", "import_model", "load_factory"]
+__all__ = ["ImportedModel", "ModelImportError", "ModelLoadError", "import_model", "load_factory"]
 
 
 @dataclass(frozen=True)
@@ -64,41 +61,6 @@ class ImportedModel:
             built = compile_network(self.tree, self.input, self.classes, grammar)
         built.load_state_dict(self.state_dict)
         return built
-
-
-def load_factory(spec: str) -> nn.Module:
-    """`MODULE:FACTORY` called without arguments: the model. MODULE is a .py file, or a module
-    importable from the current directory or the installed packages."""
-    module_name, _, factory_name = spec.rpartition(":")
-    if not module_name or not factory_name:
-        raise EinspaceError(f"{spec!r}: give the model as MODULE:FACTORY, e.g. my_models.py:ResNet18")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            found = importlib.util.spec_from_file_location(f"einspace_model_{path.stem}", path)
-            if not path.is_file() or found is None or found.loader is None:
-                raise EinspaceError(f"{spec!r}: no file {module_name}")
-            module = importlib.util.module_from_spec(found)
-            sys.modules[found.name] = module  # its own name: classes defined there can find it
-            found.loader.exec_module(module)
-        else:
-            if str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))
-            module = importlib.import_module(module_name)
-    except EinspaceError:
-        raise
-    except Exception as exc:  # the user's module may fail in any way while it loads
-        raise EinspaceError(f"{spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise EinspaceError(f"{spec!r}: {module_name} has no callable {factory_name!r}")
-    try:
-        model = factory()
-    except Exception as exc:  # e.g. a factory that needs arguments
-        raise EinspaceError(f"{spec!r}: {factory_name}() failed: {type(exc).__name__}: {exc}") from None
-    if not isinstance(model, nn.Module):
-        raise EinspaceError(f"{spec!r}: {factory_name}() returned a {type(model).__name__}, not an nn.Module")
-    return model
 
 
 def import_model(

@@ -199,6 +199,9 @@ class Converter(LayerRules, JoinRules, TracedModel):
             return self.layout(source, run), source
         if node.target is F.scaled_dot_product_attention:
             return self.attention(node, [])
+        gated = self.squeeze_excite(node)
+        if gated is not None:
+            return gated
         inputs = self.inputs(node)
         if len(inputs) >= 2 or self.scaled_matmul(node) is not None:
             piece, fork = self.branching(node)

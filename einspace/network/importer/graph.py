@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from einspace.errors import EinspaceError, caret_context
+from einspace.network.importer.loading import code_location
 from einspace.state import FeatureState
 
 __all__ = ["ModelImportError", "TracedModel", "target_name"]
@@ -92,7 +93,11 @@ class TracedModel:
             self.graph = _Tracer().trace(model, _defaults(model))
             _drop_fixed(self.graph)
         except Exception as exc:  # torch.fx raises many kinds (TraceError, TypeError, ...)
-            raise ModelImportError(f"cannot trace {type(model).__name__} with torch.fx: {exc}") from None
+            where = code_location(exc)
+            raise ModelImportError(
+                f"cannot trace {type(model).__name__} with torch.fx: {type(exc).__name__}: {exc}"
+                + (f", at {where}" if where else "")
+            ) from None
         self.values = self._run()
         self.dynamic = self._dynamic()
         self.placeholder = next(n for n in self.graph.nodes if n.op == "placeholder")
@@ -117,9 +122,11 @@ class TracedModel:
             with torch.no_grad():
                 return self._evaluate(list(self.graph.nodes), {placeholders[0]: example}, copy=True)
         except Exception as exc:  # whatever the model's own code raises for this input
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            where = code_location(exc) or self.where(self._running)
             raise ModelImportError(
-                f"{type(self.model).__name__} does not run on inputs of shape {tuple(example.shape)}: {first}"
+                f"{type(self.model).__name__} does not run on inputs of shape {tuple(example.shape)}: "
+                f"{type(exc).__name__}{': ' + first if first else ''}, at {where}"
             ) from None
         finally:
             self.model.train(training)
@@ -137,6 +144,7 @@ class TracedModel:
             if node in env or node.op == "output":
                 continue
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
+            self._running = node  # where a failure is, when the user's code is not in its traceback
             if node.op == "get_attr":
                 result = _attribute(self.model, node.target)
             elif node.op == "call_module":

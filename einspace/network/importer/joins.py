@@ -1,5 +1,6 @@
 """How the importer turns joins of several values into branching modules: sums, products,
-concatenations, and `F.scaled_dot_product_attention` with its projections as attention heads.
+concatenations, and `F.scaled_dot_product_attention` with its projections as attention heads;
+and the one join that is a terminal, squeeze-and-excitation (x times a gate computed from x).
 
 `JoinRules` is a part of `Converter` (converter.py), which provides the traced model, `terminal`,
 `use`, `_width`, and `chain` and `assemble` for the branches.
@@ -12,10 +13,13 @@ import operator
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
+from einspace.network.importer.layers import activation_name
 from einspace.network.importer.pieces import Piece, Route, common_owner, sequence
 from einspace.network.importer.weights import linear_entry, rows_of
+from einspace.ops.zoo import SQUEEZE_ACTIVATIONS, squeezed
 from einspace.seeds import architectures as arch
 
 __all__ = ["JoinRules"]
@@ -76,6 +80,59 @@ class JoinRules:
         entries = tuple(e for branch in branches for e in branch.entries)
         owner = common_owner([self.owner(node), *(branch.owner for branch in branches)])
         return Piece(arch.branching(split, shared, merge), entries, owner), fork
+
+    def squeeze_excite(self, node: fx.Node) -> tuple[list[Piece | Route], fx.Node] | None:
+        """`x * gate(x)` where the gate is two layers (1×1 convolutions or linears) with one
+        activation between, read off the mean of x over space: the grammar's squeeze_excite when
+        it computes the same values (checked, as the head's mean is); None when `node` is not of
+        this form, a located error when it is but the grammar cannot say it."""
+        inputs = self.inputs(node)
+        method = node.op == "call_method" and node.target == "mul"
+        product = method or node.target in (operator.mul, torch.mul)
+        if "squeeze_excite" not in self.grid or not product or len(inputs) != 2:
+            return None
+        if self.idom[node] not in inputs:
+            return None
+        fork = self.idom[node]
+        run, at = [], inputs[1] if inputs[0] is fork else inputs[0]
+        while at is not fork:
+            before = self.inputs(at)
+            if at.op == "call_method" and at.target in ("expand", "expand_as"):  # broadcast as `*` does
+                before = before[:1]
+            if len(before) != 1:
+                return None
+            run.insert(0, at)
+            at = before[0]
+        kinds = (nn.Conv2d, nn.Linear)
+        layers = [n for n in run if n.op == "call_module" and isinstance(self.modules[n.target], kinds)]
+        acts = [a for a in map(activation_name, run, [self.modules] * len(run)) if a is not None]
+        x = self.values[fork]
+        if len(layers) != 2 or len(acts) != 1 or x.dim() != 4:
+            return None
+        c = x.shape[1]
+        (w1, b1), (w2, b2) = ((self.modules[n.target].weight, self.modules[n.target].bias) for n in layers)
+        d = w1.shape[0]
+        form = "x · sigmoid(fc2(act(fc1(mean of x over space)))), act relu or silu, 1×1 layers C → C/r → C"
+        if w1.numel() != d * c or w2.numel() != c * d or acts[0] not in SQUEEZE_ACTIVATIONS:
+            raise self.fail(node, f"a gate of x is in the grammar only as squeeze-and-excitation, {form}")
+        w1, w2 = w1.reshape(d, c, 1, 1), w2.reshape(c, d, 1, 1)
+        act = F.relu if acts[0] == "relu" else F.silu
+        gate = torch.sigmoid(F.conv2d(act(F.conv2d(x.mean((2, 3), keepdim=True), w1, b1)), w2, b2))
+        if not torch.allclose(x * gate, self.values[node], rtol=1e-4, atol=1e-6):
+            raise self.fail(node, f"a gate of x is in the grammar only as squeeze-and-excitation, {form}")
+        ratios = sorted({dict(a)["r"] for a in self.grid["squeeze_excite"] if dict(a)["act"] == acts[0]})
+        r = next((r for r in ratios if c % r == 0 and squeezed(c, r) == d), None)
+        if r is None:
+            raise self.fail(
+                node,
+                f"a squeeze of {c} channels to {d} is not C / r for the grammar's r in {ratios} "
+                f"(with {acts[0]})",
+            )
+        for layer in layers:
+            self.use(layer)
+        self.terminal(node, "squeeze_excite", r=r, act=acts[0])
+        entries = (linear_entry(w1, b1), linear_entry(w2, b2))
+        return [Piece(arch.computation("squeeze_excite", r=r, act=acts[0]), entries)], fork
 
     def attention(self, node: fx.Node, run: list[fx.Node]) -> tuple[list[Piece | Route], fx.Node]:
         """F.scaled_dot_product_attention of projections of one input: h attention heads,

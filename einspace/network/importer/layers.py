@@ -23,7 +23,7 @@ from einspace.network.importer.pieces import Entry, Piece, Route
 from einspace.network.importer.weights import linear_entry
 from einspace.seeds import architectures as arch
 
-__all__ = ["MODULE_HANDLERS", "LayerRules"]
+__all__ = ["MODULE_HANDLERS", "LayerRules", "activation_name", "exact_but_groups"]
 
 #: Activations the paper's grammar lacks: each becomes its leaky ReLU, as a substitution.
 _ACTIVATION_MODULES = tuple(
@@ -59,7 +59,7 @@ class LayerRules:
     layers with weights, each as the pieces and routes of the grammar that compute it.
 
     Long because it holds one short rule per layer kind the importer maps (21 methods, the zoo
-    grammar's pooling, depthwise convolution, activations, norms and layer scale among them); a
+    grammar's pooling, depthwise and grouped convolution, activations, norms and layer scale among them); a
     mixin of the converter, it shares the converter's values and failure reporting, so splitting
     it by kind would only spread one dispatch over several classes."""
 
@@ -244,33 +244,13 @@ class LayerRules:
         self.use(node)
         k, s, p = module.kernel_size, module.stride, module.padding
         out = self.values[node].shape[2:]
-        exact = (
-            module.groups == 1
-            and module.dilation == (1, 1)
-            and module.padding_mode == "zeros"
-            and k[0] == k[1]
-            and s[0] == s[1]
-            and isinstance(p, tuple)
-            and p[0] == p[1]
-        )
-        depthwise = module.groups == module.in_channels == module.out_channels > 1
-        square_ksp = (("k", k[0]), ("s", s[0]), ("p", p[0])) if isinstance(p, tuple) else None
-        if (
-            depthwise
-            and module.dilation == (1, 1)
-            and module.padding_mode == "zeros"
-            and k[0] == k[1]
-            and s[0] == s[1]
-            and square_ksp is not None
-            and p[0] == p[1]
-            and square_ksp in self.grid.get("depthwise_conv", ())
-        ):
-            return [
-                Piece(
-                    arch.computation("depthwise_conv", k=k[0], s=s[0], p=p[0]),
-                    (linear_entry(module.weight, module.bias),),
-                )
-            ]
+        exact = module.groups == 1 and exact_but_groups(module)
+        if exact_but_groups(module) and module.groups > 1 and module.in_channels == module.out_channels:
+            name, args = "grouped_conv", {"g": module.groups, "k": k[0], "s": s[0], "p": p[0]}
+            if module.groups == module.in_channels:
+                name, args = "depthwise_conv", {"k": k[0], "s": s[0], "p": p[0]}
+            if arch.op(name, **args).args in self.grid.get(name, ()):
+                return [Piece(arch.computation(name, **args), (linear_entry(module.weight, module.bias),))]
         if exact and (("k", k[0]), ("s", s[0]), ("p", p[0])) in self.grid.get("im2col", ()):
             d = self._width(node, module.out_channels, "the output channels")
             weight = module.weight.reshape(module.out_channels, -1)
@@ -413,6 +393,21 @@ MODULE_HANDLERS: tuple[tuple[type | tuple[type, ...], Callable[..., list[Piece |
         ),
     ),
 )
+
+
+def activation_name(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
+    """The zoo grammar's name of an activation node (module, function or method), else None."""
+    if node.op == "call_module":
+        return _ZOO_ACTIVATIONS.get(type(modules[node.target]))
+    return _ZOO_FUNCTIONS.get(node.target)  # a function, or a method's name ("relu")
+
+
+def exact_but_groups(module: nn.Conv2d) -> bool:
+    """Square kernel, stride and padding, no dilation, zero padding: the grammar's convolutions
+    up to their groups."""
+    k, s, p = module.kernel_size, module.stride, module.padding
+    plain = module.dilation == (1, 1) and module.padding_mode == "zeros"
+    return plain and k[0] == k[1] and s[0] == s[1] and isinstance(p, tuple) and p[0] == p[1]
 
 
 def square(value: Any) -> int:
