@@ -10,6 +10,10 @@ from einspace.registry import check_setting_names
 
 T = TypeVar("T")
 
+#: Epochs of the final evaluation (paper Table 4, "Epochs (eval)"); here, away from the training
+#: code, so that the command line can name it without importing torch.
+FINAL_EPOCHS = 64
+
 
 def settings_from(cls: type[T], evaluator: str, values: dict[str, Any]) -> T:
     """`cls(**values)`, but an unknown key is an EinspaceError suggesting the closest known one

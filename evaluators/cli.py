@@ -11,7 +11,7 @@ from einspace.errors import EinspaceError
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the `einspace` parser (called by einspace.cli)."""
-    from einspace.evaluators.training import FINAL_EPOCHS
+    from einspace.evaluators._settings import FINAL_EPOCHS
 
     evaluate = sub.add_parser(
         "evaluate",

@@ -39,7 +39,7 @@ from torch import nn
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError
 from einspace.evaluators._runtime import STEP_MODES, Runtime, out_of_memory
-from einspace.evaluators._settings import require, settings_from
+from einspace.evaluators._settings import FINAL_EPOCHS, require, settings_from
 from einspace.evaluators.auxiliary import AuxiliaryObjective, check_auxiliary_settings
 from einspace.evaluators.base import (
     Continuation,
@@ -65,9 +65,6 @@ from einspace.state import FeatureState
 from einspace.tree import Node, content_hash
 
 __all__ = ["FINAL_EPOCHS", "TrainingEvaluator", "TrainingSettings", "final_evaluation", "train_and_test"]
-
-#: Epochs of the final evaluation (paper Table 4, "Epochs (eval)").
-FINAL_EPOCHS = 64
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from einspace.evaluators.base import Cost
 from einspace.search.store import Record, Status
 from einspace.search.successive_halving import PROMOTION
 
@@ -27,9 +26,9 @@ def compute_of(record: Record) -> float:
     """Compute seconds one finished evaluation spent (0 for a cached duplicate)."""
     if record.status == Status.CACHED:
         return 0.0
-    if not record.cost:
+    if record.measured is None:
         return record.seconds or 0.0
-    return Cost.from_json(record.cost).compute_seconds
+    return record.measured.compute_seconds
 
 
 def rank(record: Record) -> tuple[float, float]:

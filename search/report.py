@@ -64,7 +64,7 @@ def _measures(history: list[Record]) -> str:
     kinds = set()
     for r in history:
         if r.status != Status.CACHED:
-            kinds.add(Cost.from_json(r.cost).measure)
+            kinds.add(r.measured.measure if r.measured is not None else "wall")
     return "+".join(kind for kind in ("GPU", "CPU", "wall") if kind in kinds)
 
 
@@ -211,8 +211,7 @@ def _csv_row(r: Record) -> dict[str, object]:
         metrics=json.dumps(r.metrics),
         compute_seconds=compute.compute_of(r),
     )
-    if r.cost:
-        cost = Cost.from_json(r.cost)
+    if (cost := r.measured) is not None:
         row.update({c: getattr(cost, c) for c in _CSV_COLUMNS if c in Cost.__dataclass_fields__})
     return row
 

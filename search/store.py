@@ -11,11 +11,12 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from einspace.errors import EinspaceError
-from einspace.evaluators.base import Status
+from einspace.evaluators.base import Cost, Status
 
 __all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "State", "Status", "Store", "StoreError"]
 
@@ -74,6 +75,12 @@ class Record:
     @property
     def finished(self) -> bool:
         return self.state == State.FINISHED
+
+    @cached_property
+    def measured(self) -> Cost | None:
+        """`cost` as a `Cost` (None: none recorded), parsed once: reports read it several times
+        per record, over histories of 100,000."""
+        return Cost.from_json(self.cost) if self.cost else None
 
 
 class Store(ABC):

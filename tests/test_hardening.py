@@ -416,10 +416,12 @@ def test_strategies_stores_configs_and_trees_import_without_torch() -> None:
         "einspace.search.compute",
         "einspace.search.config",
         "einspace.evaluators.base",
+        "einspace.search.report",
     ]
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)
+        + "from einspace.cli import build_parser\nbuild_parser()\n"  # every command's options, `report`'s too
         + "print(sorted({'torch', 'einops'} & set(sys.modules)))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
