@@ -27,8 +27,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutation"
 
+#: The tests of tests/test_training.py that build optimisers without training a network.
+_FAST_TRAINING = tuple(
+    f"tests/test_training.py::{name}"
+    for name in (
+        "test_schedules_and_step_decay",
+        "test_parameter_groups_by_kind_and_overrides",
+        "test_the_optimizer_setting_chooses_every_group_that_param_groups_leaves",
+    )
+)
+
 #: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
-#: cover it: the only ones mutmut may run for its mutants). A function is mutmut's mangled name
+#: cover it: the only ones mutmut may run for its mutants; a pytest node id `file::test` picks the
+#: fast tests of a file whose others train networks). A function is mutmut's mangled name
 #: without the module: `x_name` for a function, `xǁClassǁmethod` for a method.
 MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "run identity": (
@@ -51,7 +62,11 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (),
         ("tests/test_trainable.py", "tests/test_mutation_auxiliary.py"),
     ),
-    "optimiser groups": ("evaluators/optim.py", (), ("tests/test_training.py",)),
+    "optimiser groups": (
+        "evaluators/optim.py",
+        (),
+        (*_FAST_TRAINING, "tests/test_mutation_optim.py"),
+    ),
     "learned probabilities": (
         "einspace/grammar/learning.py",
         (),
@@ -103,6 +118,19 @@ EQUIVALENT: dict[tuple[str, str], str] = {
             "xǁAuxiliaryObjectiveǁ__call____mutmut_6": "providers found again: same list",
             "xǁAuxiliaryObjectiveǁ__call____mutmut_8": "providers found again: same list",
             "xǁAuxiliaryObjectiveǁ__init____mutmut_2": "network unread, providers given",
+        }.items()
+    },
+    **{
+        ("evaluators/optim.py", f"einspace.evaluators.optim.{name}"): why
+        for name, why in {
+            "x__frozen_then__mutmut_1": "<= 0 -> < 0: freezing for 0 steps compares step < 0, never true",
+            "x__with_warmup__mutmut_2": "<= 0 -> <= 1: a ramp over <= 1 step is min(1, >= 1) = 1 already",
+            "x_build_optimizer__mutmut_146": "every group sets its own lr; the optimiser's default is unread",
+            "x_build_optimizer__mutmut_29": "the placeholder of a parameterless network is read by nothing",
+            "x_build_optimizer__mutmut_31": "the placeholder of a parameterless network is read by nothing",
+            "x_check_param_groups__mutmut_8": "n=3: only close[0] is read",
+            "x_check_param_groups__mutmut_10": "n=2: only close[0] is read",
+            "x_parameter_groups__mutmut_3": "recurse=None is falsy like False",
         }.items()
     },
     **{
@@ -178,7 +206,7 @@ def run_module(
     work = WORK / module.replace("/", "_").removesuffix(".py")
     work.mkdir(parents=True, exist_ok=True)
     _copy_checkout(work)
-    tests = tuple(t for t in tests if (ROOT / t).is_file())
+    tests = tuple(t for t in tests if (ROOT / t.split("::", 1)[0]).is_file())
     (work / "setup.cfg").write_text(_setup_cfg(module, tests))
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
