@@ -37,6 +37,22 @@ _FAST_TRAINING = tuple(
     )
 )
 
+#: The tests of tests/test_exact_sampling.py that exercise the exact sampler in under ~10 s each
+#: (not: the comparisons with rejection sampling, the paper mode's and the CLI's).
+_FAST_EXACT = tuple(
+    f"tests/test_exact_sampling.py::{name}"
+    for name in (
+        "test_exact_mode_matches_exhaustive_enumeration",
+        "test_exact_mode_under_a_minimum_is_the_enumeration_conditioned_on_it",
+        "test_exact_trees_check_and_keep_every_limit",
+        "test_no_draft_is_rejected_where_shapes_cannot_conflict",
+        "test_plans_carry_the_inside_probabilities",
+        "test_same_seed_same_trees_and_streams_continue",
+        "test_a_grammar_that_derives_nothing_says_so",
+        "test_impossible_limits_give_up_with_the_reasons",
+    )
+)
+
 #: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
 #: cover it: the only ones mutmut may run for its mutants; a pytest node id `file::test` picks the
 #: fast tests of a file whose others train networks). A function is mutmut's mangled name
@@ -72,7 +88,11 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (),
         ("tests/test_learned_probabilities.py", "tests/test_mutation_learning.py"),
     ),
-    "exact sampler": ("einspace/sampling/exact.py", (), ("tests/test_exact_sampling.py",)),
+    "exact sampler": (
+        "einspace/sampling/exact.py",
+        (),
+        (*_FAST_EXACT, "tests/test_mutation_exact.py"),
+    ),
     "XD ops": ("einspace/ops/xd.py", (), ("tests/test_xd.py",)),
     "XD modules": ("einspace/ops/_xd_modules.py", (), ("tests/test_xd.py",)),
     "NOS ops": ("einspace/ops/nos.py", (), ("tests/test_nos.py",)),
