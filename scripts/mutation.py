@@ -37,13 +37,13 @@ _FAST_TRAINING = tuple(
     )
 )
 
-#: The tests of tests/test_exact_sampling.py that exercise the exact sampler in under ~10 s each
-#: (not: the comparisons with rejection sampling, the paper mode's and the CLI's).
+#: The tests of tests/test_exact_sampling.py that exercise the exact sampler in about a second
+#: (not: the comparisons with rejection sampling and the conditioned minimums, the paper mode's
+#: and the CLI's).
 _FAST_EXACT = tuple(
     f"tests/test_exact_sampling.py::{name}"
     for name in (
         "test_exact_mode_matches_exhaustive_enumeration",
-        "test_exact_mode_under_a_minimum_is_the_enumeration_conditioned_on_it",
         "test_exact_trees_check_and_keep_every_limit",
         "test_no_draft_is_rejected_where_shapes_cannot_conflict",
         "test_plans_carry_the_inside_probabilities",
