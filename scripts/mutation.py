@@ -154,6 +154,50 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         }.items()
     },
     **{
+        ("einspace/sampling/exact.py", f"einspace.sampling.exact.{name}"): why
+        for names, why in (
+            (
+                (
+                    "xǁExactSamplerǁ_expand__mutmut_50",
+                    "xǁExactSamplerǁ_step__mutmut_3",
+                    "xǁExactSamplerǁ_op__mutmut_18",
+                    "xǁ_PlanBookǁplan__mutmut_1",
+                    "xǁ_PlanBookǁplan__mutmut_2",
+                ),
+                "a memo bypassed: the same value is computed again",
+            ),
+            (
+                tuple(f"xǁExactSamplerǁ_setup__mutmut_{n}" for n in (32, 33, 34, 35)),
+                "the counters are reset at the start of every draft",
+            ),
+            (
+                ("xǁExactSamplerǁ_expand__mutmut_4",),
+                "> -> >= at a symbol: a symbol reaching max_nodes has a leaf below it, rejected anyway",
+            ),
+            (
+                ("xǁ_PlanBookǁ_build_plan__mutmut_10",),
+                "plans are built only for (symbol, modes) of positive inside mass, which have a rule",
+            ),
+            (
+                ("xǁ_PlanBookǁ_build_plan__mutmut_37",),
+                "a pruning test at a larger height: paths not ending in the target get no option",
+            ),
+            (
+                ("xǁ_PlanBookǁ_make_step__mutmut_36",),
+                "kind None falls through to the repeat branch in _expand and _step",
+            ),
+            (
+                (
+                    "x__stack_depth__mutmut_2",
+                    "xǁExactSamplerǁsample__mutmut_14",
+                    "xǁExactSamplerǁsample__mutmut_15",
+                ),
+                "only more recursion headroom while drawing (the limit is restored after)",
+            ),
+        )
+        for name in names
+    },
+    **{
         ("einspace/grammar/learning.py", f"einspace.grammar.learning.x_{name}__mutmut_{n}"): why
         for name, numbers, why in (
             ("with_probabilities", (6, 9, 10), "zip(strict=...): the lengths were compared just above"),

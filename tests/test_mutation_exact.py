@@ -84,7 +84,7 @@ def test_nodes_count_inner_symbols_and_terminals_alike() -> None:
 
 def test_max_params_is_inclusive_and_counts_every_repeated_copy() -> None:
     """A branch repeated twice carries its parameters twice: the budget is the checker's count."""
-    grammar = "start S\nS -> clone(b = 2) R add\nR -> (M) * b\nM -> linear(d = 16)"
+    grammar = "start S\nS -> clone(b = 2) R add\nR -> (M) * b\nM -> linear(d = 16) identity"
     tree = _sampler(grammar).sample()
     params = check_tree(tree, None, COL).params
     assert params == 2 * (16 * 16 + 16)
@@ -108,6 +108,30 @@ def test_repeated_branches_must_be_equal_or_the_draft_is_rejected() -> None:
     assert 0.4 < share < 0.6  # 1/2; 5 standard deviations are 0.125
     assert sampler.stats["accepted"] == 400 and 0.3 < sampler.stats["shapes"] / sampler.stats["drafts"] < 0.7
     assert set(sampler.stats) == {"drafts", "accepted", "shapes"}
+
+
+def test_branches_of_operations_that_do_not_add_up_are_rejected_by_shapes() -> None:
+    """Operations drawn directly in a parallel item, then `add`: the unequal pairs are rejected
+    when `add` is applied (shapes), the equal ones kept with the parameters of both branches."""
+    grammar = "start S\nS -> clone(b = 2) P add\nP -> (linear(d = 4 | 8), linear(d = 4 | 8))"
+    sampler = _sampler(grammar, seed=0)
+    trees = [sampler.sample() for _ in range(200)]
+    assert all(to_text(t).count("d=4") in (0, 2) for t in trees)
+    assert set(sampler.stats) == {"drafts", "accepted", "shapes"} and sampler.stats["shapes"] > 50
+    budget = 2 * (16 * 4 + 4)  # both branches of width 4
+    narrow = _sampler(grammar, Limits(max_depth=8, max_params=budget), seed=0)
+    assert all("d=8" not in to_text(narrow.sample()) for _ in range(20)) and narrow.stats["params"] > 0
+
+
+def test_rejections_of_several_kinds_are_all_named() -> None:
+    sampler = _sampler(
+        "start S\nS -> M\nM -> M M @ 0.5 | identity @ 0.5",
+        Limits(max_depth=6, min_depth=4, max_nodes=5, max_attempts=1),
+    )
+    with pytest.raises(
+        SamplingError, match=r"\((\d+ by min_depth, \d+ by nodes|\d+ by nodes, \d+ by min_depth)\)"
+    ):
+        sampler.sample()
 
 
 def test_frequencies_follow_the_alternatives_and_the_argument_grid() -> None:
