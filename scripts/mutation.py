@@ -27,8 +27,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutation"
 
+#: The tests of tests/test_training.py that build optimisers without training a network.
+_FAST_TRAINING = tuple(
+    f"tests/test_training.py::{name}"
+    for name in (
+        "test_schedules_and_step_decay",
+        "test_parameter_groups_by_kind_and_overrides",
+        "test_the_optimizer_setting_chooses_every_group_that_param_groups_leaves",
+    )
+)
+
+#: The tests of tests/test_exact_sampling.py that exercise the exact sampler in about a second
+#: (not: the comparisons with rejection sampling and the conditioned minimums, the paper mode's
+#: and the CLI's).
+_FAST_EXACT = tuple(
+    f"tests/test_exact_sampling.py::{name}"
+    for name in (
+        "test_exact_mode_matches_exhaustive_enumeration",
+        "test_exact_trees_check_and_keep_every_limit",
+        "test_no_draft_is_rejected_where_shapes_cannot_conflict",
+        "test_plans_carry_the_inside_probabilities",
+        "test_same_seed_same_trees_and_streams_continue",
+        "test_a_grammar_that_derives_nothing_says_so",
+        "test_impossible_limits_give_up_with_the_reasons",
+    )
+)
+
 #: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
-#: cover it: the only ones mutmut may run for its mutants). A function is mutmut's mangled name
+#: cover it: the only ones mutmut may run for its mutants; a pytest node id `file::test` picks the
+#: fast tests of a file whose others train networks). A function is mutmut's mangled name
 #: without the module: `x_name` for a function, `xǁClassǁmethod` for a method.
 MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "run identity": (
@@ -51,13 +78,21 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (),
         ("tests/test_trainable.py", "tests/test_mutation_auxiliary.py"),
     ),
-    "optimiser groups": ("evaluators/optim.py", (), ("tests/test_training.py",)),
+    "optimiser groups": (
+        "evaluators/optim.py",
+        (),
+        (*_FAST_TRAINING, "tests/test_mutation_optim.py"),
+    ),
     "learned probabilities": (
         "einspace/grammar/learning.py",
         (),
         ("tests/test_learned_probabilities.py", "tests/test_mutation_learning.py"),
     ),
-    "exact sampler": ("einspace/sampling/exact.py", (), ("tests/test_exact_sampling.py",)),
+    "exact sampler": (
+        "einspace/sampling/exact.py",
+        (),
+        (*_FAST_EXACT, "tests/test_mutation_exact.py"),
+    ),
     "XD ops": ("einspace/ops/xd.py", (), ("tests/test_xd.py",)),
     "XD modules": ("einspace/ops/_xd_modules.py", (), ("tests/test_xd.py",)),
     "NOS ops": ("einspace/ops/nos.py", (), ("tests/test_nos.py",)),
@@ -104,6 +139,63 @@ EQUIVALENT: dict[tuple[str, str], str] = {
             "xǁAuxiliaryObjectiveǁ__call____mutmut_8": "providers found again: same list",
             "xǁAuxiliaryObjectiveǁ__init____mutmut_2": "network unread, providers given",
         }.items()
+    },
+    **{
+        ("evaluators/optim.py", f"einspace.evaluators.optim.{name}"): why
+        for name, why in {
+            "x__frozen_then__mutmut_1": "<= 0 -> < 0: freezing for 0 steps compares step < 0, never true",
+            "x__with_warmup__mutmut_2": "<= 0 -> <= 1: a ramp over <= 1 step is min(1, >= 1) = 1 already",
+            "x_build_optimizer__mutmut_146": "every group sets its own lr; the optimiser's default is unread",
+            "x_build_optimizer__mutmut_29": "the placeholder of a parameterless network is read by nothing",
+            "x_build_optimizer__mutmut_31": "the placeholder of a parameterless network is read by nothing",
+            "x_check_param_groups__mutmut_8": "n=3: only close[0] is read",
+            "x_check_param_groups__mutmut_10": "n=2: only close[0] is read",
+            "x_parameter_groups__mutmut_3": "recurse=None is falsy like False",
+        }.items()
+    },
+    **{
+        ("einspace/sampling/exact.py", f"einspace.sampling.exact.{name}"): why
+        for names, why in (
+            (
+                (
+                    "xǁExactSamplerǁ_expand__mutmut_50",
+                    "xǁExactSamplerǁ_step__mutmut_3",
+                    "xǁExactSamplerǁ_op__mutmut_18",
+                    "xǁ_PlanBookǁplan__mutmut_1",
+                    "xǁ_PlanBookǁplan__mutmut_2",
+                ),
+                "a memo bypassed: the same value is computed again",
+            ),
+            (
+                tuple(f"xǁExactSamplerǁ_setup__mutmut_{n}" for n in (32, 33, 34, 35)),
+                "the counters are reset at the start of every draft",
+            ),
+            (
+                ("xǁExactSamplerǁ_expand__mutmut_4",),
+                "> -> >= at a symbol: a symbol reaching max_nodes has a leaf below it, rejected anyway",
+            ),
+            (
+                ("xǁ_PlanBookǁ_build_plan__mutmut_10",),
+                "plans are built only for (symbol, modes) of positive inside mass, which have a rule",
+            ),
+            (
+                ("xǁ_PlanBookǁ_build_plan__mutmut_37",),
+                "a pruning test at a larger height: paths not ending in the target get no option",
+            ),
+            (
+                ("xǁ_PlanBookǁ_make_step__mutmut_36",),
+                "kind None falls through to the repeat branch in _expand and _step",
+            ),
+            (
+                (
+                    "x__stack_depth__mutmut_2",
+                    "xǁExactSamplerǁsample__mutmut_14",
+                    "xǁExactSamplerǁsample__mutmut_15",
+                ),
+                "only more recursion headroom while drawing (the limit is restored after)",
+            ),
+        )
+        for name in names
     },
     **{
         ("einspace/grammar/learning.py", f"einspace.grammar.learning.x_{name}__mutmut_{n}"): why
@@ -178,7 +270,7 @@ def run_module(
     work = WORK / module.replace("/", "_").removesuffix(".py")
     work.mkdir(parents=True, exist_ok=True)
     _copy_checkout(work)
-    tests = tuple(t for t in tests if (ROOT / t).is_file())
+    tests = tuple(t for t in tests if (ROOT / t.split("::", 1)[0]).is_file())
     (work / "setup.cfg").write_text(_setup_cfg(module, tests))
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
