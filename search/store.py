@@ -40,6 +40,11 @@ class State(str, Enum):
         return self.value
 
 
+#: Stored words -> enum members, looked up per row without the Enum call's overhead.
+_STATES = {s.value: s for s in State}
+_STATUSES = {s.value: s for s in Status}
+
+
 def _one_of(values: type[Enum]) -> str:
     """An SQL list of an enum's values: `'ok', 'failed', 'cached'`."""
     return ", ".join(f"'{v.value}'" for v in values)
@@ -316,6 +321,8 @@ class SQLiteStore(Store):
         return self.get(record.id)  # type: ignore[return-value]
 
     def _rows(self, where: str, args: tuple = ()) -> list[Record]:
+        """The records a query selects (histories run to 100,000 rows: nothing here is per-row
+        work that can be done once)."""
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM evaluations {where}", args).fetchall()
         return [
             Record(
@@ -323,11 +330,11 @@ class SQLiteStore(Store):
                 tree=r[1],
                 hash=r[2],
                 origin=r[3],
-                parents=tuple(json.loads(r[4])),
-                state=State(r[5]),
-                status=None if r[6] is None else Status(r[6]),
+                parents=() if r[4] == "[]" else tuple(json.loads(r[4])),
+                state=_STATES[r[5]],
+                status=None if r[6] is None else _STATUSES[r[6]],
                 fitness=r[7],
-                metrics=json.loads(r[8]) if r[8] else {},
+                metrics=json.loads(r[8]) if r[8] and r[8] != "{}" else {},
                 error=r[9],
                 cached_from=r[10],
                 submitted_at=r[11],
