@@ -471,19 +471,8 @@ def _fit(model: str, data: Dataset, train: Split, score: Split, s: TrainingSetti
     torch.manual_seed(seed)
     net = plain_network(model, data.input_shape, data.classes)
     x, y = (torch.tensor(a) for a in train)
-    opt = build_optimizer(
-        net,
-        optimizer=s.optimizer,
-        lr=s.lr,
-        momentum=s.momentum,
-        weight_decay=s.weight_decay,
-        nesterov=s.nesterov,
-        schedule=s.schedule,
-        milestones=s.milestones,
-        gamma=s.gamma,
-        steps_per_epoch=math.ceil(len(x) / s.batch_size),
-        epochs=s.epochs,
-    )
+    steps = math.ceil(len(x) / s.batch_size)
+    opt = build_optimizer(net, steps_per_epoch=steps, epochs=s.epochs, **s.optimizer_options())
     net.train()
     for _ in range(s.epochs):
         for batch in torch.randperm(len(x)).split(s.batch_size):

@@ -166,6 +166,11 @@ class TrainingSettings:
         require(isinstance(self.auxiliary_losses, dict), "setting auxiliary_losses must be a mapping")
         check_auxiliary_settings(self.auxiliary_losses)
 
+    def optimizer_options(self) -> dict[str, Any]:
+        """`build_optimizer`'s options from these settings (all but the schedule's length)."""
+        names = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "schedule", "milestones", "gamma")
+        return {**{name: getattr(self, name) for name in names}, "overrides": self.param_groups}
+
     def budget_settings(self) -> dict[str, Any]:
         return {
             "max_params": self.max_params,
@@ -244,18 +249,7 @@ def _build(
     metrics["params"] = float(sum(p.numel() for p in network.parameters()))
     network = runtime.prepare_model(network)
     optimizers = build_optimizer(
-        network,
-        optimizer=settings.optimizer,
-        lr=settings.lr,
-        momentum=settings.momentum,
-        weight_decay=settings.weight_decay,
-        nesterov=settings.nesterov,
-        schedule=settings.schedule,
-        milestones=settings.milestones,
-        gamma=settings.gamma,
-        steps_per_epoch=schedule[0],
-        epochs=schedule[1],
-        overrides=settings.param_groups,
+        network, steps_per_epoch=schedule[0], epochs=schedule[1], **settings.optimizer_options()
     )
     if resumption is not None:
         resumption.restore(network, optimizers, shuffle)
