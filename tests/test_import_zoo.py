@@ -171,12 +171,7 @@ SEARCHED = [
 def test_export_then_import_of_searched_trees_computes_the_same(text, tmp_path):
     x = input_state((3, 8, 8))
     exported = export_tree(parse_tree(text), x, 10, PAPER, name="Net")
-    path = tmp_path / "net.py"
-    path.write_text(exported.source)
-    namespace: dict = {}
-    exec(compile(exported.source, str(path), "exec"), namespace)
-    model = namespace["Net"]()
-    model.load_state_dict(exported.state_dicts["Net"])
+    model = run_exported(exported, tmp_path / "net.py")
     imported = import_model(model, x)
     assert imported.substitutions == ()
     same_outputs(model, imported, train=(False, True))
@@ -280,7 +275,7 @@ TERMINALS = [
     ("silu", {}, (8, 12), lambda m, x: x * torch.sigmoid(x), 0, 384),
     ("hardswish", {}, (4, 6, 6), lambda m, x: x * torch.clamp(x + 3, 0, 6) / 6, 0, 576),
     ("dropout", {"p": 0.5}, (8, 12), lambda m, x: x, 0, 96),
-    ("layer_scale", {}, (8, 12), lambda m, x: x * 0.1, 12, 96),
+    ("layer_scale", {}, (8, 12), lambda m, x: torch.einsum("bsd,d->bsd", x, m.weight.flatten()), 12, 96),
     (
         "channel_norm",
         {},
@@ -289,7 +284,7 @@ TERMINALS = [
         8,
         240,
     ),
-    ("layer_scale", {}, (4, 6, 6), lambda m, x: x * 0.1, 4, 144),
+    ("layer_scale", {}, (4, 6, 6), lambda m, x: torch.einsum("bchw,c->bchw", x, m.weight.flatten()), 4, 144),
     ("max_pool", {"k": 3, "s": 2, "p": 1}, (4, 9, 9), lambda m, x: F.max_pool2d(x, 3, 2, 1), 0, 8 * 4 * 25),
     ("max_pool", {"k": 2, "s": 2, "p": 0}, (4, 8, 8), lambda m, x: F.max_pool2d(x, 2), 0, 3 * 4 * 16),
     ("avg_pool", {"k": 3, "s": 1, "p": 1}, (4, 5, 7), lambda m, x: F.avg_pool2d(x, 3, 1, 1), 0, 9 * 4 * 35),
@@ -316,11 +311,20 @@ TERMINALS = [
     "name,args,shape,reference,params,flops", TERMINALS, ids=[f"{t[0]}-{i}" for i, t in enumerate(TERMINALS)]
 )
 def test_zoo_terminal_computes_what_plain_torch_does(name, args, shape, reference, params, flops):
+    assert_terminal_matches(name, args, shape, reference, params, flops)
+
+
+def assert_terminal_matches(name, args, shape, reference, params, flops) -> None:
+    """A terminal's module against its plain-torch `reference` (random parameters: no zero bias or
+    unit scale hides a missing term), its output shape against the shape rule, and its analytic
+    parameter and FLOP counts against the hand counts (`tests/test_import_zoo_blocks.py` too)."""
     from einspace.ops import get_op
 
     op, state = get_op(name), input_state(shape)
     (out,) = op.transfer((state,), args)
     module = op.build((state,), args).double().eval()
+    for parameter in module.parameters():
+        torch.nn.init.normal_(parameter, generator=torch.Generator().manual_seed(2))
     x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     with torch.no_grad():
         y = module(x)
@@ -328,6 +332,25 @@ def test_zoo_terminal_computes_what_plain_torch_does(name, args, shape, referenc
     assert tuple(y.shape[1:]) == out.shape
     assert sum(p.numel() for p in module.parameters()) == op.param_count((state,), args) == params
     assert op.flops((state,), args) == flops
+
+
+def run_exported(exported, path):
+    """The exported file, written to `path` and executed: its network with the exported weights."""
+    path.write_text(exported.source)
+    namespace: dict = {}
+    exec(compile(exported.source, str(path), "exec"), namespace)
+    model = namespace["Net"]()
+    model.load_state_dict(exported.state_dicts["Net"])
+    return model
+
+
+@pytest.mark.parametrize("shape", [(8, 12), (4, 6, 6)])
+def test_layer_scale_starts_at_a_tenth(shape):
+    from einspace.ops import get_op
+
+    module = get_op("layer_scale").build((input_state(shape),), {})
+    x = torch.randn(2, *shape)
+    torch.testing.assert_close(module(x), x * 0.1)
 
 
 def test_dropout_acts_in_training():
@@ -379,12 +402,7 @@ def test_zoo_trees_export_and_import_back(text, tmp_path):
     assert "einspace" not in exported.source.replace("einspace (`einspace export`)", "").replace(
         "einspace is not needed", ""
     )
-    path = tmp_path / "net.py"
-    path.write_text(exported.source)
-    namespace: dict = {}
-    exec(compile(exported.source, str(path), "exec"), namespace)
-    model = namespace["Net"]()
-    model.load_state_dict(exported.state_dicts["Net"])
+    model = run_exported(exported, tmp_path / "net.py")
     inputs = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(inputs), network(inputs))
@@ -529,12 +547,7 @@ def test_sampled_zoo_trees_export_and_import_back(tmp_path):
         if "group_dim" in to_text(tree):
             continue
         exported = export_tree(tree, x, 10, ZOO, name="Net")
-        path = tmp_path / f"net{done}.py"
-        path.write_text(exported.source)
-        namespace: dict = {}
-        exec(compile(exported.source, str(path), "exec"), namespace)
-        model = namespace["Net"]()
-        model.load_state_dict(exported.state_dicts["Net"])
+        model = run_exported(exported, tmp_path / f"net{done}.py")
         try:
             imported = import_model(model, x, ZOO)
         except ModelImportError as refusal:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_import_zoo import assert_terminal_matches
 from torch import nn
 
 from einspace import load_grammar
@@ -87,18 +88,7 @@ TERMINALS = [
     "name,args,shape,reference,params,flops", TERMINALS, ids=[f"{t[0]}-{i}" for i, t in enumerate(TERMINALS)]
 )
 def test_terminal_computes_what_plain_torch_does(name, args, shape, reference, params, flops):
-    op, state = get_op(name), input_state(shape)
-    (out,) = op.transfer((state,), args)
-    module = op.build((state,), args).double().eval()
-    for parameter in module.parameters():  # no zero bias hiding a missing term
-        nn.init.normal_(parameter, generator=torch.Generator().manual_seed(2))
-    x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    with torch.no_grad():
-        y = module(x)
-        torch.testing.assert_close(y, reference(module, x))
-    assert tuple(y.shape[1:]) == out.shape
-    assert sum(p.numel() for p in module.parameters()) == op.param_count((state,), args) == params
-    assert op.flops((state,), args) == flops
+    assert_terminal_matches(name, args, shape, reference, params, flops)
 
 
 @pytest.mark.parametrize(
