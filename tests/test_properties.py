@@ -347,12 +347,12 @@ LIMITS = st.builds(
 def test_sampled_trees_respect_limits(case, seed, limits):
     """Whatever the limits, a sample respects them, or the sampler says it found none (quickly)."""
     grammar, x = _case(case)
-    started = time.perf_counter()
+    started = time.process_time()
     try:
         tree = Sampler(grammar, x, limits, random_seed=seed).sample()
     except SamplingError:
         event("no tree within these limits")
-        assert time.perf_counter() - started < 10
+        assert time.process_time() - started < 10
         return
     checked = check_tree(tree, grammar, x)
     _assert_within(checked, limits)
@@ -617,17 +617,17 @@ IMPOSSIBLE = [
 @pytest.mark.parametrize("text,shape,seconds", IMPOSSIBLE)
 def test_impossible_grammars_fail_fast(text, shape, seconds):
     grammar = parse_grammar(text)
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(SamplingError, match="found no tree of S"):
         Sampler(grammar, input_state(shape), random_seed=0).sample()
-    assert time.perf_counter() - started < seconds
+    assert time.process_time() - started < seconds
 
 
 def test_the_sequence_grammar_refuses_images_at_once():
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(SamplingError):
         Sampler(_grammar("einspace_1d"), input_state((3, 32, 32)), random_seed=0).sample()
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 # ----------------------------------------------------------------------------- any tree's text

@@ -96,10 +96,10 @@ def test_guards_choose_rules_by_attributes(paper):
 
 def test_impossible_grammar_fails_fast_with_a_message():
     grammar = parse_grammar("start S\nS -> im2col((k, s, p) = (16, 16, 0)) linear(d = 16) col2im")
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(SamplingError, match="found no tree of S"):
         sample_tree(grammar, input_state((3, 8, 8)), random_seed=0)
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 def test_step_budget_bounds_a_hopeless_search():
@@ -113,10 +113,10 @@ def test_step_budget_bounds_a_hopeless_search():
         """
     )
     limits = Limits(max_depth=30, max_nodes=500, max_steps=2000, max_attempts=3)
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(SamplingError, match="in 3 attempts"):
         sample_tree(grammar, IMAGE, random_seed=0, limits=limits)
-    assert time.perf_counter() - started < 5.0
+    assert time.process_time() - started < 5.0
 
 
 @pytest.mark.parametrize("max_depth,max_nodes", [(3, 2000), (8, 20), (40, 60)])

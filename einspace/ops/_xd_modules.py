@@ -431,7 +431,8 @@ class XDConv(nn.Module):
         kernel = (kernel_size,) * len(self.input_size)
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *kernel, **make))
         self.bias = nn.Parameter(torch.empty(out_channels, **make)) if bias else None
-        self.reset_parameters()
+        if self.K.device.type != "meta":  # meta tensors hold no values: nothing to initialise
+            self.reset_parameters()
         mark_architecture(self, "K", "L", "M", "b", "C")
 
     @torch.no_grad()
