@@ -6,7 +6,25 @@ from dataclasses import dataclass
 
 
 class EinspaceError(Exception):
-    """Root of every error einspace raises on purpose; the CLI prints these without a traceback."""
+    """Root of every error einspace raises on purpose; the CLI prints these without a traceback.
+
+    It pickles with the arguments it was made with (a worker process or Ray task sends it to the
+    driver): Exception's own pickling calls the class with the formatted message alone, which
+    fails, or formats again, for subclasses whose constructors take other arguments."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> EinspaceError:
+        error = super().__new__(cls, *args)
+        error._made_with = (args, kwargs)
+        return error
+
+    def __reduce__(self) -> tuple[object, ...]:
+        args, kwargs = self._made_with
+        state = {k: v for k, v in self.__dict__.items() if k != "_made_with"}
+        return (_remake, (type(self), args, kwargs), state)
+
+
+def _remake(cls: type[EinspaceError], args: tuple, kwargs: dict) -> EinspaceError:
+    return cls(*args, **kwargs)
 
 
 @dataclass(frozen=True)
