@@ -72,6 +72,7 @@ Output goes to `--out` (default runs/search_efficiency).
     python benchmarks/search_efficiency.py --quick       # 1 seed, small budgets: minutes on 2 cores
     python benchmarks/search_efficiency.py               # 3 seeds: about 1-1.5 hours on 2 cores
     python benchmarks/search_efficiency.py --executor ray --num-gpus 0.25 --jobs 4 --budget 60
+    python benchmarks/search_efficiency.py --tasks motifs --methods RE+SH --optimizer adam --lr 0.003
 """
 
 from __future__ import annotations
@@ -250,20 +251,23 @@ class Job:
     executor: str = "in_process"
     in_flight: int = 1
     num_gpus: float = 0.0
+    optimiser: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr: over the recipe's
 
 
 def _dataset(task: Task, data_dir: Path) -> str:
     return task.name if task.make is None else str(data_dir / f"{task.name}.npz")
 
 
-def evaluator_settings(task: Task, data_dir: Path) -> dict[str, Any]:
-    """The quick start's evaluator settings with the task's data, EPOCHS and time limit."""
+def evaluator_settings(task: Task, data_dir: Path, optimiser: tuple = ()) -> dict[str, Any]:
+    """The quick start's evaluator settings with the task's data, EPOCHS and time limit (and the
+    optimiser settings given on the command line)."""
     settings = quickstart()["evaluator"]["settings"]
     return {
         **settings,
         "dataset": _dataset(task, data_dir),
         "epochs": EPOCHS,
         "max_seconds": task.max_seconds,
+        **dict(optimiser),
     }
 
 
@@ -292,7 +296,7 @@ def experiment(job: Job, run_dir: Path) -> dict[str, Any]:
         "evaluator": {
             "name": raw["evaluator"]["name"],
             "settings": {
-                **evaluator_settings(task, data_dir),
+                **evaluator_settings(task, data_dir, job.optimiser),
                 **({"inherit_weights": True} if method.inherit else {}),
             },
         },
@@ -430,7 +434,7 @@ def _retrained(job: Job, tree: str) -> float:
     from einspace.evaluators.base import EvaluationFailed
 
     task = TASKS[job.task]
-    settings = evaluator_settings(task, Path(job.data_dir))
+    settings = evaluator_settings(task, Path(job.data_dir), job.optimiser)
     try:
         return test_accuracy(tree, settings["dataset"], task.grammar, retraining(settings), job.seed)
     except EvaluationFailed:
@@ -498,7 +502,7 @@ def run_baseline(job: Job) -> dict[str, Any]:
     from einspace.evaluators.training import TrainingSettings
 
     started, cpu = time.perf_counter(), time.process_time()
-    s = TrainingSettings(**evaluator_settings(TASKS[job.task], Path(job.data_dir)))
+    s = TrainingSettings(**evaluator_settings(TASKS[job.task], Path(job.data_dir), job.optimiser))
     data = load_dataset(s.dataset)
     (tx, ty), valid, test = (data.split(name) for name in ("train", "valid", "test"))
     best = _fit(job.method, data, (tx, ty), valid, s, job.seed)
@@ -782,13 +786,21 @@ def _progress(r: dict[str, Any]) -> str:
     return f"{head}: valid {100 * r['best']:.1f} test {100 * r['test']:.1f} ({what})"
 
 
-def recipe(tasks: list[Task], budgets: dict[str, float], executor: dict[str, Any]) -> str:
+def recipe(
+    tasks: list[Task], budgets: dict[str, float], executor: dict[str, Any], optimiser: tuple = ()
+) -> str:
     """What every search and baseline shares, and what changes per task."""
     from einspace.evaluators.training import TrainingSettings
     from einspace.search.successive_halving import default_rungs
 
     raw, defaults = quickstart(), TrainingSettings()
-    settings = {**raw["evaluator"]["settings"], "dataset": "*", "epochs": EPOCHS, "max_seconds": "*"}
+    settings = {
+        **raw["evaluator"]["settings"],
+        "dataset": "*",
+        "epochs": EPOCHS,
+        "max_seconds": "*",
+        **dict(optimiser),
+    }
     keys = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "schedule")
     optimiser = {k: settings.get(k, getattr(defaults, k)) for k in keys}
     rungs = default_rungs(HALVING["min_fidelity"], EPOCHS, HALVING["eta"])
@@ -829,7 +841,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/search_efficiency"))
     parser.add_argument("--executor", choices=("in_process", "ray"), default="in_process")
     parser.add_argument("--num-gpus", type=float, default=0.0, help="ray: the GPU share of each evaluation")
+    parser.add_argument("--optimizer", help="instead of the recipe's (sgd): searches, baselines, retraining")
+    parser.add_argument("--lr", type=float, help="instead of the recipe's learning rate (0.04)")
     args = parser.parse_args()
+    optimiser = tuple((k, v) for k, v in (("optimizer", args.optimizer), ("lr", args.lr)) if v is not None)
     tasks = [TASKS[name] for name in args.tasks]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     budgets = {t.name: args.budget or (t.quick_budget if args.quick else t.budget) for t in tasks}
@@ -840,17 +855,27 @@ def main() -> None:
         executor["num_gpus"] = args.num_gpus
     data_dir = args.out.resolve() / "data"
     print(f"search efficiency: tasks {args.tasks}, methods {args.methods}, seeds {seeds}")
-    print(recipe(tasks, budgets, executor))
+    print(recipe(tasks, budgets, executor, optimiser))
     summaries = prepare(tasks, data_dir)
     jobs = [
-        (run_baseline, Job(t.name, b, s, budgets[t.name], str(data_dir)))
+        (run_baseline, Job(t.name, b, s, budgets[t.name], str(data_dir), optimiser=optimiser))
         for t in tasks
         for b in BASELINES
         for s in seeds
     ] + [
         (
             run_search,
-            Job(t.name, m, s, budgets[t.name], str(data_dir), args.executor, in_flight, args.num_gpus),
+            Job(
+                t.name,
+                m,
+                s,
+                budgets[t.name],
+                str(data_dir),
+                args.executor,
+                in_flight,
+                args.num_gpus,
+                optimiser,
+            ),
         )
         for t in tasks
         for m in args.methods
