@@ -233,9 +233,14 @@ class Evaluator(ABC):
 
 #: Every evaluator class by name. The built-in ones register as their modules are imported, on
 #: first look-up and not with this module, so that code needing only Task and Result (strategies,
-#: stores) never imports torch.
+#: stores) never imports torch. Each module declares its names: a plugin evaluator registered, or
+#: another looked up, imports neither (both import torch).
 EVALUATORS: Registry[type[Evaluator]] = Registry(
-    "evaluator", builtins=("einspace.evaluators.training", "einspace.evaluators.proxies")
+    "evaluator",
+    builtins={
+        "einspace.evaluators.training": ("training",),
+        "einspace.evaluators.proxies": ("grad_norm", "naswot", "synflow"),
+    },
 )
 
 
