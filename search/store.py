@@ -324,17 +324,22 @@ class SQLiteStore(Store):
         """The records a query selects (histories run to 100,000 rows: nothing here is per-row
         work that can be done once)."""
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM evaluations {where}", args).fetchall()
-        return [
-            Record(
+        loads, new, states, statuses = json.loads, object.__new__, _STATES, _STATUSES
+        records = []
+        for r in rows:
+            # Record's fields set at once, not through the frozen dataclass's __init__ (one
+            # object.__setattr__ per field: a third of reading a history)
+            record = new(Record)
+            record.__dict__.update(
                 id=r[0],
                 tree=r[1],
                 hash=r[2],
                 origin=r[3],
-                parents=() if r[4] == "[]" else tuple(json.loads(r[4])),
-                state=_STATES[r[5]],
-                status=None if r[6] is None else _STATUSES[r[6]],
+                parents=() if r[4] == "[]" else tuple(loads(r[4])),
+                state=states[r[5]],
+                status=None if r[6] is None else statuses[r[6]],
                 fitness=r[7],
-                metrics=json.loads(r[8]) if r[8] and r[8] != "{}" else {},
+                metrics=loads(r[8]) if r[8] and r[8] != "{}" else {},
                 error=r[9],
                 cached_from=r[10],
                 submitted_at=r[11],
@@ -344,11 +349,11 @@ class SQLiteStore(Store):
                 seq=r[15],
                 fidelity=r[16],
                 partial=bool(r[17]),
-                cost=json.loads(r[18]) if r[18] else {},
+                cost=loads(r[18]) if r[18] else {},
                 node=r[19],
             )
-            for r in rows
-        ]
+            records.append(record)
+        return records
 
     def get(self, id: int) -> Record | None:
         rows = self._rows("WHERE id = ?", (id,))
