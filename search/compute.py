@@ -95,12 +95,13 @@ def summarise(history: list[Record]) -> ComputeSummary:
     total, at = 0.0, None
     best = incumbent(history)
     for r in history:
-        total += compute_of(r)
+        spent = compute_of(r)
+        total += spent
         if r is best:
             at = total
         if r.status != Status.CACHED:
             n, seconds = by_fidelity.get(r.fidelity, (0, 0.0))
-            by_fidelity[r.fidelity] = (n + 1, seconds + compute_of(r))
+            by_fidelity[r.fidelity] = (n + 1, seconds + spent)
     partial = sum(r.partial and r.status == Status.OK for r in history)
     promoted = [r for r in history if r.origin == PROMOTION and r.status != Status.CACHED]
     continued = sum(r.metrics.get("continued_from_epoch", 0) > 0 for r in promoted if r.metrics)

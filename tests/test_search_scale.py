@@ -11,6 +11,8 @@ import itertools
 import math
 import random
 import sqlite3
+import subprocess
+import sys
 from dataclasses import fields, replace
 
 from search_helpers import experiment
@@ -223,3 +225,19 @@ def test_the_fitness_plot_draws_every_scored_result_the_best_so_far_and_the_fail
     assert series["best so far"] == step_points(series["evaluation"][0], best)
     assert series["best so far"] == ([1, 4, 8, 9], [0.2, 0.5, 0.9, 0.9])
     assert series["failed"] == ([2], [0.1])
+
+
+def test_the_report_command_imports_neither_torch_nor_networkx(tmp_path):
+    """Seconds of every `einspace report` (and of every command line) went to importing torch and
+    networkx, which a report that trains and draws no graph never uses."""
+    store = SQLiteStore(tmp_path / STORE_NAME, writer=True)
+    store.set_meta("config", "{}")
+    store.finish(_record(0, None))
+    store.close()
+    code = (
+        "import sys\nfrom einspace.cli import main\n"
+        f"assert main(['report', {str(tmp_path)!r}, '--no-plot']) == 0\n"
+        "print(sorted(m for m in ('torch', 'networkx') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == "[]"
