@@ -7,16 +7,20 @@ import json
 import math
 import os
 import sqlite3
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Cost, Status
+
+if TYPE_CHECKING:
+    from einspace.search.compute import Tally
 
 __all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "State", "Status", "Store", "StoreError"]
 
@@ -133,6 +137,13 @@ class Store(ABC):
         them: resuming a long run counts its history before anything else."""
         return sum(r.origin != excluding_origin for r in self.history())
 
+    def tally(self) -> Tally:
+        """What the finished records add up to (`compute.Tally`): where a resumed search's
+        progress display starts."""
+        from einspace.search.compute import Tally
+
+        return Tally.of(self.history())
+
     @abstractmethod
     def save_checkpoint(self, state: dict[str, Any]) -> None: ...
 
@@ -193,6 +204,16 @@ _MIGRATIONS = {
     ),
     2: ("ALTER TABLE evaluations ADD COLUMN node TEXT",),
 }
+
+
+#: `compute.compute_of` of a row, in SQL (for `SQLiteStore.tally`).
+_COMPUTE = (
+    "CASE WHEN status = 'cached' THEN 0.0 WHEN cost IS NULL OR cost = '{}' THEN COALESCE(seconds, 0.0) "
+    "ELSE COALESCE(NULLIF(json_extract(cost, '$.gpu_seconds'), 0), "
+    "NULLIF(json_extract(cost, '$.cpu_seconds'), 0), json_extract(cost, '$.wall_seconds'), 0.0) END"
+)
+#: The largest finite float: fitness within +-this is finite (SQLite keeps +-inf, and NaN as NULL).
+_FINITE = sys.float_info.max
 
 
 def _fitness_in(value: float | None) -> float | None:
@@ -378,6 +399,30 @@ class SQLiteStore(Store):
     def count_finished(self, excluding_origin: str | None = None) -> int:
         query = "SELECT COUNT(*) FROM evaluations WHERE state = ? AND origin IS NOT ?"
         return self._db.execute(query, (State.FINISHED, excluding_origin)).fetchone()[0]
+
+    def tally(self) -> Tally:
+        """`Store.tally` summed in SQL (resuming at 100,000 read every record for it): the compute of
+        `compute.compute_of` (GPU, else CPU, else wall seconds of the stored cost; the record's
+        seconds without one; nothing for a cached copy) and the incumbent of `compute.incumbent`
+        (the highest fidelity, None the top, then fitness, finite only; ties: the earlier)."""
+        from einspace.search.compute import Tally
+        from einspace.search.successive_halving import PROMOTION
+
+        finished = "FROM evaluations WHERE state = 'finished'"
+        ids = {i for (i,) in self._db.execute(f"SELECT id {finished}")}
+        row = self._db.execute(
+            f"SELECT COALESCE(SUM(origin IS ?), 0), COALESCE(SUM(status = 'failed'), 0), "
+            f"COALESCE(SUM(status = 'cached'), 0), COALESCE(SUM({_COMPUTE}), 0.0), "
+            f"COALESCE(SUM(CASE WHEN status = 'failed' THEN {_COMPUTE} END), 0.0) {finished}",
+            (PROMOTION,),
+        ).fetchone()
+        best = self._rows(
+            f"WHERE state = 'finished' AND status != 'failed' AND fitness BETWEEN {-_FINITE} AND {_FINITE} "
+            "ORDER BY fidelity IS NULL DESC, fidelity DESC, fitness DESC, seq LIMIT 1"
+        )
+        promoted, failed, cached, compute, wasted = row
+        incumbent = best[0] if best else None
+        return Tally(ids, len(ids) - promoted, promoted, failed, cached, compute, wasted, incumbent)
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         text = json.dumps(state, allow_nan=False)

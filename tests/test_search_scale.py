@@ -15,9 +15,11 @@ import subprocess
 import sys
 from dataclasses import fields, replace
 
+import pytest
 from search_helpers import experiment
 
 from einspace.evaluators.base import Cost
+from einspace.search.compute import Tally
 from einspace.search.loop import STORE_NAME, SearchRun
 from einspace.search.report import fitness_series, node_counts, report, step_points
 from einspace.search.store import Record, SQLiteStore, State, Status, Store
@@ -241,3 +243,39 @@ def test_the_report_command_imports_neither_torch_nor_networkx(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_store_sums_a_run_for_the_progress_display_as_reading_it_would(tmp_path):
+    """A resumed search's progress starts from `tally()`, summed in SQL: the same counts, compute
+    (a cost's GPU, else CPU, else wall seconds; the seconds without a cost; nothing when cached),
+    waste and incumbent (the top fidelity first; ties: the earlier) as the records read one by one."""
+    gpu, wall = Cost(cpu_seconds=4.0, gpu_seconds=1.5).to_json(), Cost(wall_seconds=2.5).to_json()
+    extra = [
+        Record(4, "(S t4)", "h4", "sampled", status=Status.OK, fitness=0.75, seconds=6.0),  # no cost
+        Record(5, "(S t5)", "h5", "sampled", status=Status.FAILED, fitness=float("-inf"), cost=gpu),
+        Record(6, "(S t6)", "h6", "sampled", status=Status.OK, fitness=float("inf"), cost=wall),  # not finite
+        Record(7, "(S t7)", "h7", "promotion", (3,), status=Status.OK, fitness=0.5, fidelity=8, cost=wall),
+        Record(8, "(S t8)", "h8", "sampled", status=Status.OK, fitness=0.5, fidelity=8, cost=gpu),  # a tie
+    ]
+    store = SQLiteStore(tmp_path / STORE_NAME, writer=True)
+    assert store.tally() == Store.tally(store) == Tally(best=None)
+    for r in [*_varied_records(), *extra]:
+        store.finish(r)
+    store.submit(Record(9, "(S t9)", "h9", "sampled"))  # running: not counted
+    fast, slow = store.tally(), Store.tally(store)
+    store.close()
+    assert replace(fast, compute=0.0, wasted=0.0) == replace(slow, compute=0.0, wasted=0.0)
+    assert (fast.compute, fast.wasted) == (pytest.approx(slow.compute), pytest.approx(slow.wasted))
+    spent = [0.5, 1.0, 0.0, 1.25, 6.0, 1.5, 2.5, 2.5, 1.5]  # by hand, record by record
+    assert (fast.compute, fast.wasted) == (pytest.approx(sum(spent)), 2.5)
+    assert fast.best is not None and fast.best.id == 4  # fidelity None (the evaluator's own) is the top
+    assert (fast.done, fast.promoted, fast.failed, fast.cached, fast.ids) == (7, 2, 2, 1, set(range(9)))
+    ranked = SQLiteStore(tmp_path / "ranked.sqlite", writer=True)  # fidelity 8 beats 4; ties: the earlier
+    for r in (
+        replace(extra[3], id=1, fitness=0.9, fidelity=4),
+        replace(extra[3], id=2),
+        replace(extra[4], id=3),
+    ):
+        ranked.finish(r)
+    assert ranked.tally().best.id == Store.tally(ranked).best.id == 2  # type: ignore[union-attr]
+    ranked.close()
