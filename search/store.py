@@ -417,8 +417,9 @@ class SQLiteStore(Store):
             (PROMOTION,),
         ).fetchone()
         best = self._rows(
-            f"WHERE state = 'finished' AND status != 'failed' AND fitness BETWEEN {-_FINITE} AND {_FINITE} "
-            "ORDER BY fidelity IS NULL DESC, fidelity DESC, fitness DESC, seq LIMIT 1"
+            "WHERE state = 'finished' AND status != 'failed' AND fitness BETWEEN ? AND ? "
+            "ORDER BY fidelity IS NULL DESC, fidelity DESC, fitness DESC, seq LIMIT 1",
+            (-_FINITE, _FINITE),
         )
         promoted, failed, cached, compute, wasted = row
         incumbent = best[0] if best else None
