@@ -53,14 +53,15 @@ class Registry(Generic[T]):
     def register(self, entry: T) -> T:
         """Add `entry` under its `name` attribute and return it, so that `register` serves as a
         class decorator. Nothing is ever replaced: `unregister` first. An entry from outside the
-        built-in modules loads them first, so that taking a built-in's name fails here, clearly,
-        not later inside the built-in's import."""
+        built-in modules loads those that may hold its name first (all but the ones declaring other
+        names: a plugin evaluator does not import torch for the training evaluator's module), so that
+        taking a built-in's name fails here, clearly, not later inside the built-in's import."""
         name = getattr(entry, "name", None)
         if not isinstance(name, str) or not name:
             label = getattr(entry, "__name__", type(entry).__name__)
             raise EinspaceError(f"{label} must set a string `name` to be a registered {self.kind}")
         if getattr(entry, "__module__", None) not in self.builtins:
-            self.load_builtins()
+            self.load_builtins(until=name)
             self.changes += 1
         if name in self._entries:
             raise EinspaceError(f"{self.kind} {name!r} is already registered ({self._entries[name]!r})")
@@ -123,6 +124,9 @@ class Registry(Generic[T]):
         _check_settings(f"{self.kind} {name!r}", inspect.signature(self.get(name)), settings, args, given)
 
     def _unknown_message(self, name: str) -> str:
+        """Why `name` is unknown, with the close names among all entries: every built-in module is
+        imported first (a look-up imports only the one that declares the name, and none for a typo)."""
+        self.load_builtins()
         known = sorted(self._entries)
         close = difflib.get_close_matches(str(name), known, n=3)
         if close:

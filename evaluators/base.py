@@ -71,6 +71,8 @@ class Cost:
     @staticmethod
     def from_json(data: dict[str, Any] | None) -> Cost:
         """A cost as stored; keys it does not know (a newer einspace's) are left out."""
+        if data is not None and data.keys() == Cost.__dataclass_fields__.keys() and None not in data.values():
+            return Cost(**data)  # as `to_json` wrote it (reports read 100,000 of them)
         known = {f: data[f] for f in Cost.__dataclass_fields__ if data and data.get(f) is not None}
         return Cost(**known)
 
@@ -233,9 +235,14 @@ class Evaluator(ABC):
 
 #: Every evaluator class by name. The built-in ones register as their modules are imported, on
 #: first look-up and not with this module, so that code needing only Task and Result (strategies,
-#: stores) never imports torch.
+#: stores) never imports torch. Each module declares its names: a plugin evaluator registered, or
+#: another looked up, imports neither (both import torch).
 EVALUATORS: Registry[type[Evaluator]] = Registry(
-    "evaluator", builtins=("einspace.evaluators.training", "einspace.evaluators.proxies")
+    "evaluator",
+    builtins={
+        "einspace.evaluators.training": ("training",),
+        "einspace.evaluators.proxies": ("grad_norm", "naswot", "synflow"),
+    },
 )
 
 

@@ -115,16 +115,16 @@ def cmd_search(args: argparse.Namespace) -> int:
     experiment.check_executor()
     experiment.check_tracking()
     with SearchRun.start(experiment) as run:
-        history, budget = run.store.history(), run.strategy.evaluations
-        complete = run.strategy.done
+        budget, complete = run.strategy.evaluations, run.strategy.done
         if not complete:
-            progress = SearchProgress(budget, history, args.quiet)
+            start = run.store.tally()  # summed by the store: a resumed run is not read record by record
+            progress = SearchProgress(budget, start, args.quiet)
             if not args.quiet:
-                verb = "resuming" if history else "starting"
+                verb = "resuming" if start.ids else "starting"
                 where = f"{experiment.name} in {run.directory} ({progress.done} of {budget} done)"
                 print(f"{verb} {where}", file=sys.stderr)
             summary = _search(run, experiment, args.ray_address, progress)
-            history = run.store.history()
+        history = run.store.history()
     if complete:
         if not args.quiet:
             print(f"{run.directory} is complete ({len(history)} evaluations)", file=sys.stderr)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from einspace.search.store import Record, Status
 from einspace.search.successive_halving import PROMOTION
 
-__all__ = ["ComputeSummary", "best_so_far", "compute_of", "incumbent", "rank", "summarise", "wasted"]
+__all__ = ["ComputeSummary", "Tally", "best_so_far", "compute_of", "incumbent", "rank", "summarise", "wasted"]
 
 
 def compute_of(record: Record) -> float:
@@ -95,13 +95,44 @@ def summarise(history: list[Record]) -> ComputeSummary:
     total, at = 0.0, None
     best = incumbent(history)
     for r in history:
-        total += compute_of(r)
+        spent = compute_of(r)
+        total += spent
         if r is best:
             at = total
         if r.status != Status.CACHED:
             n, seconds = by_fidelity.get(r.fidelity, (0, 0.0))
-            by_fidelity[r.fidelity] = (n + 1, seconds + compute_of(r))
+            by_fidelity[r.fidelity] = (n + 1, seconds + spent)
     partial = sum(r.partial and r.status == Status.OK for r in history)
     promoted = [r for r in history if r.origin == PROMOTION and r.status != Status.CACHED]
     continued = sum(r.metrics.get("continued_from_epoch", 0) > 0 for r in promoted if r.metrics)
     return ComputeSummary(total, wasted(history), by_fidelity, partial, at, len(promoted), continued)
+
+
+@dataclass
+class Tally:
+    """What finished records add up to, as a search's progress display counts them: their ids
+    (each is counted once), the architectures done (promotions apart), failures, cached copies,
+    compute spent and wasted, and the incumbent. `Store.tally` sums a run's in SQL."""
+
+    ids: set[int] = field(default_factory=set)
+    done: int = 0
+    promoted: int = 0
+    failed: int = 0
+    cached: int = 0
+    compute: float = 0.0
+    wasted: float = 0.0
+    best: Record | None = None
+
+    @classmethod
+    def of(cls, records: list[Record]) -> Tally:
+        promoted = sum(r.origin == PROMOTION for r in records)
+        return cls(
+            {r.id for r in records},
+            len(records) - promoted,
+            promoted,
+            sum(r.status == Status.FAILED for r in records),
+            sum(r.status == Status.CACHED for r in records),
+            sum(map(compute_of, records)),
+            wasted(records),
+            incumbent(records),
+        )

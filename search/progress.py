@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Column
 
-from einspace.search.compute import compute_of, incumbent, wasted
-from einspace.search.store import Record, Status
+from einspace.search.compute import Tally, compute_of, incumbent
+from einspace.search.store import Record
 
 if TYPE_CHECKING:
     from einspace.search.executors import Executor
@@ -37,7 +37,8 @@ class SearchProgress:
     """Called with each result the strategy is told (the loop's `on_result`); `close` ends the
     display. `executor`, once set, says how many evaluations are in flight."""
 
-    def __init__(self, budget: int, history: list[Record], quiet: bool, stream: IO[str] | None = None):
+    def __init__(self, budget: int, start: Tally, quiet: bool, stream: IO[str] | None = None):
+        """`start`: what the store held when the search started (`Store.tally`)."""
         self.budget, self.quiet = budget, quiet
         self.console = Console(file=stream or sys.stderr, highlight=False)
         self.live = self.console.is_terminal
@@ -47,7 +48,7 @@ class SearchProgress:
         self.compute = self.wasted = 0.0
         self.session_compute = 0.0
         self.best: Record | None = None
-        self._count(history)
+        self._add(start)
         self.started = time.monotonic()
         self.session = 0
         self.every = max(1, budget // 20)
@@ -62,25 +63,21 @@ class SearchProgress:
             self.task = self.bar.add_task("search", total=budget, completed=self.done, info=self.fields())
             self.bar.start()
 
-    def _count(self, records: list[Record]) -> None:
-        from einspace.search.report import promotions
-
-        new = [r for r in records if r.id not in self.counted]
-        self.counted.update(r.id for r in new)
-        promoted = promotions(new)
-        self.promoted += promoted
-        self.done += len(new) - promoted  # architectures, as the budget counts them
-        self.failed += sum(r.status == Status.FAILED for r in new)
-        self.cached += sum(r.status == Status.CACHED for r in new)
-        self.compute += sum(map(compute_of, new))
-        self.wasted += wasted(new)
-        self.best = incumbent([self.best, *new] if self.best else new)
+    def _add(self, tally: Tally) -> None:
+        self.counted |= tally.ids
+        self.promoted += tally.promoted
+        self.done += tally.done  # architectures, as the budget counts them
+        self.failed += tally.failed
+        self.cached += tally.cached
+        self.compute += tally.compute
+        self.wasted += tally.wasted
+        self.best = incumbent([r for r in (self.best, tally.best) if r is not None])  # ties: the earlier
 
     def __call__(self, record: Record, strategy: Strategy) -> None:
-        if record.id not in self.counted:
+        if record.id not in self.counted:  # not a result replayed on resume (already in the store)
             self.session_compute += compute_of(record)
+            self._add(Tally.of([record]))
         self.session += 1
-        self._count([record])
         if self.quiet:
             return
         if self.bar is not None:

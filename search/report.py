@@ -4,15 +4,15 @@ share wasted on failures), fitness over time and against compute (PNGs), a CSV e
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
-from collections.abc import Callable
-from operator import attrgetter
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from einspace.errors import EinspaceError
-from einspace.evaluators.base import Cost
 from einspace.search import compute
 from einspace.search.loop import SearchRun
 from einspace.search.store import Record, Status
@@ -23,12 +23,14 @@ __all__ = [
     "best_records",
     "compute_rows",
     "final_summary",
+    "fitness_series",
     "node_counts",
     "plot_compute",
     "plot_fitness",
     "promotions",
     "record_tags",
     "report",
+    "step_points",
     "write_csv",
 ]
 
@@ -205,60 +207,87 @@ _CSV_COLUMNS = (
 )
 
 
-def _csv_cell(column: str) -> Callable[[Record], object]:
-    """How one CSV column is read off a record; a measured cost's columns stay empty where none
-    was recorded. (One getter per column, chosen once: the file may hold 100,000 rows.)"""
-    if column == "parents":
-        return lambda r: " ".join(map(str, r.parents))
-    if column == "metrics":
-        return lambda r: json.dumps(r.metrics)
-    if column == "compute_seconds":
-        return compute.compute_of
-    if column in Cost.__dataclass_fields__:
-        return lambda r: "" if r.measured is None else getattr(r.measured, column)
-    return attrgetter(column)
+def _csv_row(r: Record) -> tuple[object, ...]:
+    """One record's evaluations.csv row, in `_CSV_COLUMNS` order; a measured cost's columns stay
+    empty where none was recorded. (One tuple per record: the file may hold 100,000 rows.)"""
+    m = r.measured
+    cost = ("", "", "", "") if m is None else (m.cpu_seconds, m.gpu_seconds, m.epochs, m.steps)
+    return (
+        r.seq,
+        r.id,
+        r.status,
+        r.fitness,
+        r.origin,
+        " ".join(map(str, r.parents)),
+        r.cached_from,
+        r.hash,
+        r.seconds,
+        r.fidelity,
+        r.partial,
+        compute.compute_of(r),
+        *cost,
+        r.worker,
+        r.node,
+        r.error,
+        json.dumps(r.metrics),
+        r.tree,
+    )
 
 
 def write_csv(history: list[Record], path: Path) -> None:
-    cells = [_csv_cell(column) for column in _CSV_COLUMNS]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(_CSV_COLUMNS)
-        writer.writerows([cell(r) for cell in cells] for r in history)
+        writer.writerows(map(_csv_row, history))
 
 
-def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> None:
-    """Each evaluation's fitness in finishing order, failures marked along the bottom, and the best so far."""
-    import matplotlib
+def step_points(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    """The points of a post-step curve where its value changes, and its last point: drawn with
+    `where="post"` they give the same curve as all of them (a best-so-far curve over 100,000
+    results changes a few hundred times)."""
+    keep = [i for i in range(len(ys)) if i == 0 or ys[i] != ys[i - 1] or i == len(ys) - 1]
+    return [xs[i] for i in keep], [ys[i] for i in keep]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+def fitness_series(history: list[Record]) -> dict[str, tuple[list[float], list[float]]]:
+    """What fitness.png draws: each scored evaluation (finishing order, fitness), the best so far
+    (as `step_points`), and the failures along the bottom (below the lowest fitness, or at 0)."""
     ok = [
         (r.seq, r.fitness)
         for r in history
         if r.status != Status.FAILED and r.fitness is not None and math.isfinite(r.fitness)
     ]
-    failed = [r.seq for r in history if r.status == Status.FAILED]
-    best, line = -math.inf, []
-    for seq, fitness in ok:
-        best = max(best, fitness)
-        line.append((seq, best))
-    if ok:
-        ax.scatter(*zip(*ok, strict=True), s=6, alpha=0.5, label="evaluation")
-        ax.step(*zip(*line, strict=True), where="post", color="C3", label="best so far")
-    if failed:  # along the bottom: below the lowest fitness, or at 0 when none succeeded
-        low = min((f for _, f in ok), default=0.0)
-        ax.scatter(failed, [low] * len(failed), marker="x", s=12, color="grey", label="failed")
+    seqs, fitnesses = [float(q) for q, _ in ok], [f for _, f in ok]
+    failed = [float(r.seq) for r in history if r.status == Status.FAILED]  # type: ignore[arg-type]
+    low = min(fitnesses, default=0.0)
+    return {
+        "evaluation": (seqs, fitnesses),
+        "best so far": step_points(seqs, list(itertools.accumulate(fitnesses, max))),
+        "failed": (failed, [low] * len(failed)),
+    }
+
+
+def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> None:
+    """Each evaluation's fitness in finishing order, failures marked along the bottom, and the
+    best so far. Points are line markers, not a scatter collection: Agg draws one marker image
+    many times, which keeps 100,000 points to a fraction of a second."""
+    from matplotlib.figure import Figure
+
+    series = fitness_series(history)
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    ax = fig.add_subplot()
+    if series["evaluation"][0]:
+        ax.plot(*series["evaluation"], "o", ms=math.sqrt(6), mew=1, alpha=0.5, color="C0", label="evaluation")
+        ax.step(*series["best so far"], where="post", color="C3", label="best so far")
+    if series["failed"][0]:
+        ax.plot(*series["failed"], "x", ms=math.sqrt(12), color="grey", label="failed")
     ax.set_xlabel("evaluation (finishing order)")
     ax.set_ylabel("fitness")
     ax.set_title(title)
     _legend(ax, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    fig.savefig(path, format="png")
 
 
 def _legend(ax: Any, **options: Any) -> None:
@@ -277,7 +306,8 @@ def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> No
     ax = fig.add_subplot()
     best = [(seconds, fitness) for seconds, fitness in points if fitness is not None]
     if best:
-        ax.step(*zip(*best, strict=True), where="post", color="C3", label="best so far")
+        xs, ys = step_points([x for x, _ in best], [y for _, y in best])
+        ax.step(xs, ys, where="post", color="C3", label="best so far")
     starts = [0.0] + [seconds for seconds, _ in points]
     failed = [(starts[i], compute.compute_of(r)) for i, r in enumerate(history) if r.status == Status.FAILED]
     if failed:
@@ -381,7 +411,8 @@ def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
     the mean where the strategy's result is one (random sampling), and the commonest failures."""
     e, strategy = run.experiment, _strategy(run)
     budget = strategy.evaluations if strategy else "?"
-    counts = {s: sum(r.status == s for r in history) for s in Status}
+    tally = Counter(r.status for r in history)
+    counts = {s: tally[s] for s in Status}
     strategy_name, evaluator_name = (e.strategy.name, e.evaluator.name) if e else ("?", None)
     promoted, finished = promotions(history), f"{len(history)} of {budget}"
     if promoted:  # a multi-fidelity run: the budget counts new architectures

@@ -7,16 +7,20 @@ import json
 import math
 import os
 import sqlite3
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Cost, Status
+
+if TYPE_CHECKING:
+    from einspace.search.compute import Tally
 
 __all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "State", "Status", "Store", "StoreError"]
 
@@ -43,6 +47,9 @@ class State(str, Enum):
 #: Stored words -> enum members, looked up per row without the Enum call's overhead.
 _STATES = {s.value: s for s in State}
 _STATUSES = {s.value: s for s in Status}
+#: Parses the JSON columns: `raw_decode` skips `json.loads`'s two whitespace scans, which the
+#: store's own `json.dumps` text never needs (a third of parsing a 100,000-record history).
+_DECODER = json.JSONDecoder()
 
 
 def _one_of(values: type[Enum]) -> str:
@@ -130,6 +137,13 @@ class Store(ABC):
         them: resuming a long run counts its history before anything else."""
         return sum(r.origin != excluding_origin for r in self.history())
 
+    def tally(self) -> Tally:
+        """What the finished records add up to (`compute.Tally`): where a resumed search's
+        progress display starts."""
+        from einspace.search.compute import Tally
+
+        return Tally.of(self.history())
+
     @abstractmethod
     def save_checkpoint(self, state: dict[str, Any]) -> None: ...
 
@@ -190,6 +204,16 @@ _MIGRATIONS = {
     ),
     2: ("ALTER TABLE evaluations ADD COLUMN node TEXT",),
 }
+
+
+#: `compute.compute_of` of a row, in SQL (for `SQLiteStore.tally`).
+_COMPUTE = (
+    "CASE WHEN status = 'cached' THEN 0.0 WHEN cost IS NULL OR cost = '{}' THEN COALESCE(seconds, 0.0) "
+    "ELSE COALESCE(NULLIF(json_extract(cost, '$.gpu_seconds'), 0), "
+    "NULLIF(json_extract(cost, '$.cpu_seconds'), 0), json_extract(cost, '$.wall_seconds'), 0.0) END"
+)
+#: The largest finite float: fitness within +-this is finite (SQLite keeps +-inf, and NaN as NULL).
+_FINITE = sys.float_info.max
 
 
 def _fitness_in(value: float | None) -> float | None:
@@ -324,17 +348,22 @@ class SQLiteStore(Store):
         """The records a query selects (histories run to 100,000 rows: nothing here is per-row
         work that can be done once)."""
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM evaluations {where}", args).fetchall()
-        return [
-            Record(
+        decode, new, states, statuses = _DECODER.raw_decode, object.__new__, _STATES, _STATUSES
+        records = []
+        for r in rows:
+            # Record's fields set at once, not through the frozen dataclass's __init__ (one
+            # object.__setattr__ per field: a third of reading a history)
+            record = new(Record)
+            record.__dict__.update(
                 id=r[0],
                 tree=r[1],
                 hash=r[2],
                 origin=r[3],
-                parents=() if r[4] == "[]" else tuple(json.loads(r[4])),
-                state=_STATES[r[5]],
-                status=None if r[6] is None else _STATUSES[r[6]],
+                parents=() if r[4] == "[]" else tuple(decode(r[4])[0]),
+                state=states[r[5]],
+                status=None if r[6] is None else statuses[r[6]],
                 fitness=r[7],
-                metrics=json.loads(r[8]) if r[8] and r[8] != "{}" else {},
+                metrics=decode(r[8])[0] if r[8] and r[8] != "{}" else {},
                 error=r[9],
                 cached_from=r[10],
                 submitted_at=r[11],
@@ -344,11 +373,11 @@ class SQLiteStore(Store):
                 seq=r[15],
                 fidelity=r[16],
                 partial=bool(r[17]),
-                cost=json.loads(r[18]) if r[18] else {},
+                cost=decode(r[18])[0] if r[18] else {},
                 node=r[19],
             )
-            for r in rows
-        ]
+            records.append(record)
+        return records
 
     def get(self, id: int) -> Record | None:
         rows = self._rows("WHERE id = ?", (id,))
@@ -370,6 +399,31 @@ class SQLiteStore(Store):
     def count_finished(self, excluding_origin: str | None = None) -> int:
         query = "SELECT COUNT(*) FROM evaluations WHERE state = ? AND origin IS NOT ?"
         return self._db.execute(query, (State.FINISHED, excluding_origin)).fetchone()[0]
+
+    def tally(self) -> Tally:
+        """`Store.tally` summed in SQL (resuming at 100,000 read every record for it): the compute of
+        `compute.compute_of` (GPU, else CPU, else wall seconds of the stored cost; the record's
+        seconds without one; nothing for a cached copy) and the incumbent of `compute.incumbent`
+        (the highest fidelity, None the top, then fitness, finite only; ties: the earlier)."""
+        from einspace.search.compute import Tally
+        from einspace.search.successive_halving import PROMOTION
+
+        finished = "FROM evaluations WHERE state = 'finished'"
+        ids = {i for (i,) in self._db.execute(f"SELECT id {finished}")}
+        row = self._db.execute(
+            f"SELECT COALESCE(SUM(origin IS ?), 0), COALESCE(SUM(status = 'failed'), 0), "
+            f"COALESCE(SUM(status = 'cached'), 0), COALESCE(SUM({_COMPUTE}), 0.0), "
+            f"COALESCE(SUM(CASE WHEN status = 'failed' THEN {_COMPUTE} END), 0.0) {finished}",
+            (PROMOTION,),
+        ).fetchone()
+        best = self._rows(
+            "WHERE state = 'finished' AND status != 'failed' AND fitness BETWEEN ? AND ? "
+            "ORDER BY fidelity IS NULL DESC, fidelity DESC, fitness DESC, seq LIMIT 1",
+            (-_FINITE, _FINITE),
+        )
+        promoted, failed, cached, compute, wasted = row
+        incumbent = best[0] if best else None
+        return Tally(ids, len(ids) - promoted, promoted, failed, cached, compute, wasted, incumbent)
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         text = json.dumps(state, allow_nan=False)

@@ -12,6 +12,7 @@ from search_helpers import BASE, experiment, merge
 
 from einspace.cli import main
 from einspace.evaluators.base import Cost
+from einspace.search.compute import Tally
 from einspace.search.loop import SearchRun
 from einspace.search.progress import SearchProgress
 from einspace.search.store import Record
@@ -28,7 +29,7 @@ def _search(tmp_path, stream: io.StringIO) -> list[Record]:
     """A search of 40 evaluations, two at once, shown on `stream`; its history."""
     e = experiment(tmp_path, seeds=["resnet18", "resnet18"], executor={"max_in_flight": 2})
     with SearchRun.start(e) as run:
-        progress = SearchProgress(run.strategy.evaluations, run.store.history(), False, stream)
+        progress = SearchProgress(run.strategy.evaluations, run.store.tally(), False, stream)
         executor = e.make_executor()
         progress.executor = executor
         try:
@@ -71,7 +72,7 @@ def _spent(id: int, seconds: float) -> Record:
 def test_the_eta_is_the_evaluations_left_at_the_runs_compute_per_evaluation(monkeypatch):
     clock = SimpleNamespace(now=100.0)
     monkeypatch.setattr("einspace.search.progress.time.monotonic", lambda: clock.now)
-    progress = SearchProgress(10, [_spent(0, 10.0), _spent(1, 10.0)], quiet=True)  # resumed: 2 done
+    progress = SearchProgress(10, Tally.of([_spent(0, 10.0), _spent(1, 10.0)]), quiet=True)  # resumed: 2 done
     progress.executor = SimpleNamespace(max_in_flight=4, in_flight=4)
     assert progress.eta() == 8 * 10.0 / 4  # before a result of its own: the executor's slots
     clock.now += 5.0

@@ -202,6 +202,41 @@ def test_builtins_are_imported_on_first_use_not_with_the_registry(
     assert imported_builtins[case.kind] == [False, True]
 
 
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if None not in c.registry.builtins.values()], ids=lambda c: c.kind
+)
+def test_declared_builtin_names_are_the_names_each_module_registers(case: Case) -> None:
+    """A look-up, or a plugin's registration, imports only the module declaring the name: a stale
+    declaration would hide a built-in (or let a plugin take its name)."""
+    case.registry.names()  # every built-in module imported
+    for module, declared in case.registry.builtins.items():
+        entries = case.registry._entries.items()
+        registered = {n for n, e in entries if getattr(e, "__module__", None) == module}
+        assert registered == set(declared), module
+
+
+def test_a_plugin_evaluator_imports_no_builtin_evaluator_nor_torch() -> None:
+    """Registering an evaluator of another name imports none of the built-in evaluators' modules
+    (they import torch: seconds at every start of a search with an instant plugin evaluator);
+    taking a built-in's name imports the module declaring it and is refused there."""
+    code = (
+        "import sys\n"
+        "from einspace.errors import EinspaceError\n"
+        "from einspace.evaluators.base import EVALUATORS, Evaluator, register_evaluator\n"
+        "register_evaluator(type('Mine', (Evaluator,), {'name': 'mine', 'evaluate': None}))\n"
+        "print(sorted(m for m in (*EVALUATORS.builtins, 'torch') if m in sys.modules))\n"
+        "try:\n"
+        "    register_evaluator(type('Mine', (Evaluator,), {'name': 'naswot', 'evaluate': None}))\n"
+        "except EinspaceError as exc:\n"
+        "    print(exc)\n"
+        "print(sorted(m for m in EVALUATORS.builtins if m in sys.modules))\n"
+    )
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert lines.splitlines()[0] == "[]"
+    assert "evaluator 'naswot' is already registered" in lines.splitlines()[1]
+    assert lines.splitlines()[2] == "['einspace.evaluators.proxies']"
+
+
 def test_a_builtin_module_that_fails_to_import_is_tried_again() -> None:
     registry: Registry[int] = Registry("thing", builtins=("einspace_no_such_module",))
     for _ in range(2):

@@ -16,6 +16,7 @@ from search_helpers import BASE, experiment, merge
 
 from einspace.cli import main
 from einspace.evaluators.base import Cost, EvaluationFailed, Evaluator, register_evaluator
+from einspace.search.compute import Tally
 from einspace.search.config import parse_experiment
 from einspace.search.loop import STORE_NAME, open_store, run_search
 from einspace.search.progress import SearchProgress
@@ -136,7 +137,7 @@ def test_report_writes_the_compute_plot_beside_the_fitness_plot(tmp_path):
 def test_progress_counts_the_stored_run_and_each_told_result_once():
     history = [_record(0, cpu=10), _record(1, "failed", cpu=5)]
     stream = io.StringIO()
-    progress = SearchProgress(4, history, quiet=False, stream=stream)
+    progress = SearchProgress(4, Tally.of(history), quiet=False, stream=stream)
     strategy = SimpleNamespace(done=False)
     progress(history[1], strategy)  # replayed on resume: already in the store
     progress(_record(2, fitness=0.9, cpu=5), strategy)

@@ -11,12 +11,14 @@ the tensor passes straight on, which is how a residual's skip connection appears
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from einspace.checker import NodeFacts
 from einspace.pictures.folding import Folding, Kind, View
 from einspace.state import Signal, describe
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built: every command line imports this module
+    import networkx as nx
 
 __all__ = ["Box", "dataflow"]
 
@@ -47,6 +49,8 @@ def _width(view: View, facts: dict) -> float:
 
 class _Builder:
     def __init__(self, folding: Folding):
+        import networkx as nx
+
         self.facts = folding.facts
         self.graph = nx.DiGraph()
         self.boxes: list[Box] = []
@@ -132,6 +136,8 @@ def dataflow(folding: Folding) -> nx.DiGraph:
     many tensors go that way. Graph attributes: `boxes` (what is drawn once but there k times)
     and `hidden` (operations that change nothing, not drawn).
     """
+    import networkx as nx
+
     builder = _Builder(folding)
     checked = folding.checked
     width = max(1.0, _width(folding.view, folding.facts))
