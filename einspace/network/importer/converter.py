@@ -219,24 +219,10 @@ class Converter(LayerRules, JoinRules, TracedModel):
         index = self.index_map(source, run)
         if base is None:
             base = torch.arange(self.values[source].numel()).reshape(self.values[source].shape)
-        if index.shape == base.shape and torch.equal(index, base):
-            return []
-        rank = base.dim()
-        for order in itertools.permutations(range(1, rank)):
-            if index.shape == base.permute(0, *order).shape and torch.equal(index, base.permute(0, *order)):
-                return [Route(self.terminal(run[-1], "permute", order=order), run[-1])]
-        if rank == 4 and torch.equal(index, base.flatten(2).transpose(1, 2)):
-            return [Route(self.terminal(run[-1], "im2col", k=1, s=1, p=0), run[-1])]
-        if rank == 3 and index.dim() == 4 and index.shape[2] * index.shape[3] == base.shape[1]:
-            image = base.transpose(1, 2).unflatten(2, tuple(index.shape[2:]))
-            for order in itertools.permutations(range(1, 4)):  # col2im, then a permute
-                if index.shape == image.permute(0, *order).shape and torch.equal(
-                    index, image.permute(0, *order)
-                ):
-                    routes = [Route(self.terminal(run[-1], "col2im"), run[-1])]
-                    if order != (1, 2, 3):
-                        routes.append(Route(self.terminal(run[-1], "permute", order=order), run[-1]))
-                    return routes
+        for routes in _route_runs(base, index):
+            routed = _routed(base, routes, index.shape)
+            if routed is not None and routed.shape == index.shape and torch.equal(routed, index):
+                return [Route(self.terminal(run[-1], name, **args), run[-1]) for name, args in routes]
         raise self.fail(
             run[-1],
             f"this reshape ({tuple(base.shape)} to {tuple(index.shape)}) is not a routing of the grammar: "
@@ -287,6 +273,58 @@ class Converter(LayerRules, JoinRules, TracedModel):
                 out.append(Piece(arch.routing(item.op, inner.module, "identity"), inner.entries, owner))
                 i += 1 + len(after if after and isinstance(after[0], Piece) else [])
         return out
+
+
+#: A routing operation as the importer writes it: its name and arguments.
+_RouteOp = tuple[str, dict[str, Any]]
+
+
+def _route_runs(base: torch.Tensor, index: torch.Tensor) -> list[list[_RouteOp]]:
+    """The runs of routing operations (up to three, shortest first: permutes of the feature axes,
+    image to tokens, tokens to an image of the result's height and width) that may turn `base`'s
+    layout into `index`'s: a run of reshapes may be several routings written as one."""
+    runs: list[list[_RouteOp]] = [[]]
+    frontier: list[tuple[list[_RouteOp], int]] = [([], base.dim())]
+    for _ in range(3):
+        grown = []
+        for routes, rank in frontier:
+            last = routes[-1][0] if routes else ""
+            steps: list[tuple[_RouteOp, int]] = []
+            if last != "permute":
+                orders = itertools.permutations(range(1, rank))
+                steps += [(("permute", {"order": o}), rank) for o in orders if o != tuple(range(1, rank))]
+            if rank == 4 and last != "col2im":
+                steps.append((("im2col", {"k": 1, "s": 1, "p": 0}), 3))
+            if rank == 3 and index.dim() == 4 and last != "im2col":
+                steps.append((("col2im", {}), 4))
+            grown += [([*routes, step], after) for step, after in steps]
+        runs += [routes for routes, _ in grown]
+        frontier = grown
+    return [r for r in runs if _rank_after(r, base.dim()) == index.dim()]
+
+
+def _rank_after(routes: list[_RouteOp], rank: int) -> int:
+    for name, _ in routes:
+        rank = {"im2col": 3, "col2im": 4}.get(name, rank)
+    return rank
+
+
+def _routed(base: torch.Tensor, routes: list[_RouteOp], shape: torch.Size) -> torch.Tensor | None:
+    """`base` moved by the routes, to compare with a result of `shape`; a col2im folds to the
+    height and width that the permute after it (if any) makes `shape`'s. None: it cannot."""
+    x = base
+    for i, (name, args) in enumerate(routes):
+        if name == "permute":
+            x = x.permute(0, *args["order"])
+        elif name == "im2col":
+            x = x.flatten(2).transpose(1, 2)
+        else:
+            order = routes[i + 1][1]["order"] if i + 1 < len(routes) else (1, 2, 3)
+            folded = {axis: shape[k + 1] for k, axis in enumerate(order)}
+            if folded[2] * folded[3] != x.shape[1]:
+                return None
+            x = x.transpose(1, 2).unflatten(2, (folded[2], folded[3]))
+    return x
 
 
 def grammar_grid(grammar: Grammar) -> dict[str, set[tuple[tuple[str, Any], ...]]]:
