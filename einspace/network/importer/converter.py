@@ -251,17 +251,17 @@ class Converter(LayerRules, JoinRules, TracedModel):
                 out.append(item)
                 i += 1
                 continue
-            if item.op.op == "col2im":
+            if item.op.op == "col2im" and not out:
                 raise self.fail(
                     item.node, "tokens folded back to an image without an im2col that opened the fold"
                 )
-            j = partner(items, i)
+            j = partner(items, i) if item.op.op != "col2im" else None
             if j is not None:
                 inner = sequence(self.assemble(items[i + 1 : j]))
                 owner = common_owner([self.owner(item.node), inner.owner, self.owner(items[j].node)])
                 out.append(Piece(arch.routing(item.op, inner.module, items[j].op), inner.entries, owner))
                 i = j + 1
-            elif item.op.op == "permute" and out:
+            elif item.op.op in ("permute", "col2im") and out:  # closes what came before (branches)
                 before = out.pop()
                 owner = common_owner([before.owner, self.owner(item.node)])
                 out.append(Piece(arch.routing("identity", before.module, item.op), before.entries, owner))

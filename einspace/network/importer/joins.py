@@ -55,7 +55,6 @@ class JoinRules:
         elif _is_add(joined):
             if len(inputs) != 2 or not _plain(joined):
                 raise self.fail(node, "only a plain sum of tensors is the grammar's add")
-            inputs = self.summands(node)
             merge = self.terminal(node, "add")
         elif target in (operator.matmul, torch.matmul, torch.bmm):
             merge = self.terminal(node, "matmul", scaled=False)
@@ -71,6 +70,20 @@ class JoinRules:
                 node, f"{self.short(node)} of {len(inputs)} tensors has no counterpart in the grammar"
             )
         fork = self.idom[joined]
+        if merge.op == "add" and len(summed := self.summands(node)) > 2:
+            used, made = dict(self.used), {key: list(nodes) for key, nodes in self.substitutions.items()}
+            piece, start, repeated = self._join(node, fork, summed, merge)
+            if repeated:  # the grammar's b > 2 branches repeat one derivation
+                return piece, start
+            self.used, self.substitutions = used, made  # as sums of two, then
+        piece, start, _ = self._join(node, fork, inputs, merge)
+        return piece, start
+
+    def _join(
+        self, node: fx.Node, fork: fx.Node, inputs: list[fx.Node], merge: Terminal
+    ) -> tuple[Piece, fx.Node, bool]:
+        """The branching module of `inputs` joined by `merge`, where the chain goes on, and whether
+        its branches are one derivation."""
         parts = self.split_parts(node, fork, inputs)
         if parts is None:
             split, starts = self.terminal(node, "clone", b=len(inputs)), [(v, fork) for v in inputs]
@@ -81,15 +94,16 @@ class JoinRules:
         if merge.op == "add" and split.op == "clone":  # shortcuts last, as residual() writes them
             branches.sort(key=lambda branch: branch.module == arch.identity())
         modules = [branch.module for branch in branches]
-        shared = modules[0] if len(modules) != 2 and all(m == modules[0] for m in modules) else modules
+        repeated = all(m == modules[0] for m in modules)
+        shared = modules[0] if len(modules) != 2 and repeated else modules
         entries = tuple(e for branch in branches for e in branch.entries)
         owner = common_owner([self.owner(node), *(branch.owner for branch in branches)])
-        return Piece(arch.branching(split, shared, merge), entries, owner), fork
+        return Piece(arch.branching(split, shared, merge), entries, owner), fork, repeated
 
     def summands(self, node: fx.Node) -> list[fx.Node]:
         """The values a sum adds, the sums written in the same code (`x1 + x2 + x3 + x4`: each
         used once, the values parting where all do) opened when the grammar splits into that many
-        branches (clone(4)); two otherwise (nested sums of two)."""
+        branches (clone(4)); its two terms otherwise."""
         found, pending = [], self.inputs(node)
         while pending:
             value = pending.pop(0)

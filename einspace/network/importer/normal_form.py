@@ -8,8 +8,8 @@ An exported file keeps every computation and the order of every routing operatio
   - where routing modules begin and end: `R1 permute (M) R2 permute` next to another permute
     is a run of permutes, written as one; permutes that undo each other, and an image turned into
     tokens and back (col2im then im2col 1×1, or im2col 1×1 then col2im), are no code at all;
-  - whether a layer on an image's channels was written in im mode (`linear`) or between an
-    im2col 1×1 and its col2im: both are one 1×1 `nn.Conv2d`.
+  - whether layers on an image's channels were written in im mode (`linear`) or between an
+    im2col 1×1 and its col2im: both are 1×1 `nn.Conv2d`s.
 The normal form is a text: each sequence flattened to its operations (routing ones as they
 apply), with those rules applied; each branching module its split, branches and aggregation.
 """
@@ -105,9 +105,13 @@ def _reduce(out: list[_Item]) -> bool:
     if last in ([Terminal("col2im", ()), _TOKENS], [_TOKENS, Terminal("col2im", ())]):
         out[-2:] = []
         return True
-    if len(out) >= 3 and out[-3] == _TOKENS and out[-1] == Terminal("col2im", ()) and _is_linear(out[-2]):
-        out[-3:] = [out[-2]]
-        return True
+    if out[-1:] == [Terminal("col2im", ())]:  # layers on the channels between: as in im mode
+        start = len(out) - 2
+        while start >= 0 and _is_linear(out[start]):
+            start -= 1
+        if start >= 0 and start < len(out) - 2 and out[start] == _TOKENS:
+            out[start:] = out[start + 1 : -1]
+            return True
     return False
 
 
