@@ -213,9 +213,10 @@ class Converter(LayerRules, JoinRules, TracedModel):
     def layout(
         self, source: fx.Node, run: list[fx.Node], base: torch.Tensor | None = None
     ) -> list[Piece | Route]:
-        """A run of reshapes and permutes as the grammar's routing: nothing, a permute of the
-        feature axes, image to tokens (im2col 1×1), or tokens to image (col2im). `base` is where
-        the grammar's view of `source` has each element (default: as it is)."""
+        """A run of reshapes and permutes as the grammar's routings, up to three in a row (the
+        fewest that do it): permutes of the feature axes, image to tokens (im2col 1×1), tokens to
+        image (col2im). `base` is where the grammar's view of `source` has each element (default:
+        as it is)."""
         index = self.index_map(source, run)
         if base is None:
             base = torch.arange(self.values[source].numel()).reshape(self.values[source].shape)
