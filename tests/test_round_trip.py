@@ -283,3 +283,19 @@ def test_a_permute_beside_a_channel_norm_written_as_one():
         " (M (R1 identity) (M (C identity)) (R2 permute(order=(3,2,1)))))"
     )
     assert normal_form(imported.tree, True) == normal_form(tree, True)
+
+
+def test_tokens_made_in_branches_are_folded_after_them():
+    """Each branch turns the image into tokens (a convolution, flattened); their concatenation is
+    folded back: the col2im closes the branching module, with no im2col of its own."""
+
+    def forward(layers, x):
+        a = layers.a(x).flatten(2).transpose(1, 2)
+        b = layers.b(x).flatten(2).transpose(1, 2)
+        return torch.cat([a, b], dim=2).transpose(1, 2).unflatten(2, (8, 8))
+
+    layers = {name: nn.Conv2d(3, 16, 3, padding=1) for name in "ab"}
+    imported = _imported(Function(forward, **layers), (3, 8, 8))
+    tokens = arch.routing(arch.op("im2col", k=3, s=1, p=1), arch.linear(16), "identity")
+    pair = arch.branching(arch.op("clone", b=2), [tokens, tokens], arch.op("concat", dim=2, b=2))
+    assert imported.tree == arch.network(arch.routing("identity", pair, "col2im"))
