@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from test_fx_import import sequence_form
 from torch import nn
 
 from einspace import Limits, Variation, load_grammar, parse_tree
@@ -115,6 +116,31 @@ def test_every_seed_comes_back(name):
     assert set(SEED_INPUTS) == set(list_seeds())
     shape = SEED_INPUTS[name]
     assert_round_trip(load_seed(name, "einspace", input_state(shape)), "einspace", shape, outputs=False)
+
+
+def _hand_written() -> list[tuple[str, object, tuple[int, ...], str]]:
+    """Hand-written models that import exactly: three of the seeds' and the zoo tests' own."""
+    from test_import_zoo import ZOO_MODELS, ConvNeXtLikeStem  # noqa: PLC0415 - a test module
+
+    from einspace.testing.reference_models import reference
+
+    models = [(n, lambda n=n, s=s: reference(n, s), s, "einspace") for n, s in SEED_INPUTS.items()]
+    models = [m for m in models if m[0] in ("resnet_small", "densenet", "vit")]
+    models += [(f.__name__, f, s, "einspace_zoo") for f, s, _ in ZOO_MODELS]
+    return [*models, ("ConvNeXtLikeStem", ConvNeXtLikeStem, (3, 32, 32), "einspace_zoo")]
+
+
+@pytest.mark.parametrize(
+    "name,factory,shape,grammar_name", _hand_written(), ids=[m[0] for m in _hand_written()]
+)
+def test_import_export_import_of_hand_written_models_is_the_identity(name, factory, shape, grammar_name):
+    grammar, x = load_grammar(grammar_name), input_state(shape)
+    torch.manual_seed(0)
+    imported = import_model(factory(), x, grammar)
+    again = import_model(exported_model(imported.tree, grammar, x), x, grammar)
+    assert to_text(sequence_form(again.tree)) == to_text(sequence_form(imported.tree))
+    third = import_model(exported_model(again.tree, grammar, x), x, grammar)
+    assert to_text(third.tree) == to_text(again.tree)
 
 
 # ----------------------------------------------------------------------------- the normal form
