@@ -1,8 +1,10 @@
 """`einspace export` then `import-model` gives back the tree (issue 25): the same normal form
 (`einspace.network.importer.normal_form`: what the exported code cannot tell apart made one),
-no substitution, the same outputs; and import, export, import gives the imported tree itself.
-Sampled and mutated trees of every bundled grammar (500 each when `slow`), every seed, and the
-importer's rules for what export writes (chunks, sums of several, runs of reshapes)."""
+no substitution, the same outputs; and import, export, import gives the imported tree itself
+(a hand-written model's up to how sequences are grouped, as its submodules nest them). Sampled
+and mutated trees of every bundled grammar (500 each when `slow`), every seed, hand-written
+models, and the importer's rules for what export writes (chunks, sums of several, runs of
+reshapes, tokens folded after branches)."""
 
 from __future__ import annotations
 
