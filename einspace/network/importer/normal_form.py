@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from einspace.network.importer.pieces import compose_orders
 from einspace.seeds import architectures as arch
 from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, format_terminal
 
@@ -96,8 +97,7 @@ def _reduce(out: list[_Item]) -> bool:
     last = out[-2:]
     names = [item.op if isinstance(item, Terminal) else "" for item in last]
     if names == ["permute", "permute"]:
-        first, second = (dict(i.args)["order"] for i in last)  # type: ignore[union-attr]
-        order = tuple(first[j - 1] for j in second)
+        order = compose_orders(*(dict(i.args)["order"] for i in last))  # type: ignore[union-attr]
         out[-2:] = (
             [] if order == tuple(range(1, len(order) + 1)) else [Terminal("permute", (("order", order),))]
         )

@@ -14,7 +14,17 @@ import torch.fx as fx
 from einspace.seeds import architectures as arch
 from einspace.tree import Nonterminal, Terminal
 
-__all__ = ["Entry", "Piece", "Route", "cancel", "common_owner", "flat", "partner", "sequence"]
+__all__ = [
+    "Entry",
+    "Piece",
+    "Route",
+    "cancel",
+    "common_owner",
+    "compose_orders",
+    "flat",
+    "partner",
+    "sequence",
+]
 
 #: Weights of one stateful terminal (linear, norm, positional encoding), keyed as in its
 #: compiled module; None keeps the fresh initialisation (a substituted layer).
@@ -137,15 +147,15 @@ def _split_around_norms(items: list[Piece | Route]) -> list[Piece | Route]:
         after, before = i > 0 and _is_norm(items[i - 1]), i + 1 < len(items) and _is_norm(items[i + 1])
         orders = [order]
         if after:  # back from channels-last, then the rest
-            orders = [_FROM_CHANNELS_LAST, _compose(_inverse(_FROM_CHANNELS_LAST), orders[-1])]
+            orders = [_FROM_CHANNELS_LAST, compose_orders(_inverse(_FROM_CHANNELS_LAST), orders[-1])]
         if before:  # the rest, then to channels-last
-            orders[-1:] = [_compose(orders[-1], _inverse(_TO_CHANNELS_LAST)), _TO_CHANNELS_LAST]
+            orders[-1:] = [compose_orders(orders[-1], _inverse(_TO_CHANNELS_LAST)), _TO_CHANNELS_LAST]
         kept = [o for o in orders if o != (1, 2, 3)]
         out += [Route(arch.op("permute", order=o), item.node) for o in kept] if len(orders) > 1 else [item]
     return out
 
 
-def _compose(first: tuple[int, ...], second: tuple[int, ...]) -> tuple[int, ...]:
+def compose_orders(first: tuple[int, ...], second: tuple[int, ...]) -> tuple[int, ...]:
     """The order of permuting by `first`, then by `second`."""
     return tuple(first[axis - 1] for axis in second)
 
@@ -160,7 +170,7 @@ def _is_norm(item: Piece | Route) -> bool:
 
 def _undoes(first: tuple[int, ...], second: tuple[int, ...]) -> bool:
     """Whether permuting by `first`, then by `second`, gives the axes back in their order."""
-    return len(first) == len(second) and all(first[second[i] - 1] == i + 1 for i in range(len(first)))
+    return len(first) == len(second) and compose_orders(first, second) == tuple(range(1, len(first) + 1))
 
 
 def partner(items: list[Piece | Route], i: int) -> int | None:
