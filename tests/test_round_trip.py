@@ -327,3 +327,34 @@ def test_tokens_made_in_branches_are_folded_after_them():
     tokens = arch.routing(arch.op("im2col", k=3, s=1, p=1), arch.linear(16), "identity")
     pair = arch.branching(arch.op("clone", b=2), [tokens, tokens], arch.op("concat", dim=2, b=2))
     assert imported.tree == arch.network(arch.routing("identity", pair, "col2im"))
+
+
+CONCATENATED = [  # the tree, its input, the layer of the summed width that export must not write
+    (
+        "(S (M (B clone(b=2)) (Branches [(M (C linear(d=2048))) (M (C linear(d=512)))])"
+        " (A concat(dim=1, b=2))) (M (C norm)))",
+        (3, 8, 8),
+        "nn.Conv2d(3, 2560",
+    ),
+    (
+        "(S (B clone(b=2)) (Branches [(M (C linear(d=64))) (M (C linear(d=32)))]) (A concat(dim=2, b=2)))",
+        (8, 16),
+        "nn.Linear(16, 96)",
+    ),
+    (
+        "(S (B clone(b=4)) (Branches (M (C linear(d=64)))*4) (A concat(dim=2, b=4)))",
+        (8, 16),
+        "nn.Linear(16, 256)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "text,shape,fused", CONCATENATED, ids=["image_off_grid_sum", "tokens_unequal", "tokens_equal"]
+)
+def test_concatenated_linears_are_written_as_their_layers(text, shape, fused):
+    """Lowering computes them as one product; the file has each layer (one of the summed width,
+    2560 in the first, would import as a linear off the grid)."""
+    source = export_tree(parse_tree(text), input_state(shape), 10, ZOO, name="Net").source
+    assert "torch.cat([" in source and fused not in source
+    assert_round_trip(parse_tree(text), "einspace_zoo", shape)
