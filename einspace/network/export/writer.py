@@ -252,7 +252,12 @@ def _branch_linear(writer: Writer, scope: Instance, module: BranchLinear, x: str
     slots = (*(_conv_slots(n_in, d)[:2] if module.image else _linear_slots(n_in, d)), ("branches", b))
     layers = scope.add(f"{stem}s", f"nn.ModuleList({each} for _ in range({{}}))", slots, state)
     each_out = f"layer({x}) for layer in {layers}"
-    joined = f"sum({each_out})" if module.combine == "add" else f"torch.cat([{each_out}], dim={dim})"
+    # a sum as one expression: the importer tells it from a sum around it (x1 + x2 + ...)
+    joined = (
+        f"torch.stack([{each_out}]).sum(0)"
+        if module.combine == "add"
+        else f"torch.cat([{each_out}], dim={dim})"
+    )
     scope.line(f"{out} = {joined}")
     return out
 

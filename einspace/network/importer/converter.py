@@ -203,7 +203,7 @@ class Converter(LayerRules, JoinRules, TracedModel):
         if gated is not None:
             return gated
         inputs = self.inputs(node)
-        if len(inputs) >= 2 or self.scaled_matmul(node) is not None:
+        if len(inputs) >= 2 or self.scaled_matmul(node) is not None or self.stacked_sum(node) is not None:
             piece, fork = self.branching(node)
             return [piece], fork
         if len(inputs) != 1:
@@ -290,14 +290,14 @@ def _route_runs(base: torch.Tensor, index: torch.Tensor) -> list[list[_RouteOp]]
         grown = []
         for routes, rank in frontier:
             last = routes[-1][0] if routes else ""
-            steps: list[tuple[_RouteOp, int]] = []
-            if last != "permute":
-                orders = itertools.permutations(range(1, rank))
-                steps += [(("permute", {"order": o}), rank) for o in orders if o != tuple(range(1, rank))]
+            steps: list[tuple[_RouteOp, int]] = []  # a change of layout first, as export writes them
             if rank == 4 and last != "col2im":
                 steps.append((("im2col", {"k": 1, "s": 1, "p": 0}), 3))
             if rank == 3 and index.dim() == 4 and last != "im2col":
                 steps.append((("col2im", {}), 4))
+            if last != "permute":
+                orders = itertools.permutations(range(1, rank))
+                steps += [(("permute", {"order": o}), rank) for o in orders if o != tuple(range(1, rank))]
             grown += [([*routes, step], after) for step, after in steps]
         runs += [routes for routes, _ in grown]
         frontier = grown

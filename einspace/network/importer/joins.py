@@ -43,15 +43,29 @@ class JoinRules:
         wanted = 1 / math.sqrt(size) if node.target is operator.mul else math.sqrt(size)
         return inner if len(numbers) == 1 and math.isclose(numbers[0], wanted, rel_tol=1e-6) else None
 
+    def stacked_sum(self, node: fx.Node) -> fx.Node | None:
+        """The stack of `torch.stack([...]).sum(0)` (a sum of several values written as one, as
+        export writes the sum of linear branches)."""
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        if not (
+            node.op == "call_method" and node.target == "sum" and dim == 0 and len(self.inputs(node)) == 1
+        ):
+            return None
+        (stack,) = self.inputs(node)
+        at = stack.args[1] if len(stack.args) > 1 else stack.kwargs.get("dim", 0)
+        return stack if stack.target is torch.stack and at == 0 and len(stack.users) == 1 else None
+
     def branching(self, node: fx.Node) -> tuple[Piece, fx.Node]:
         """A join of several values: clone where they part (the fork, returned), one branch each,
         then the aggregation."""
-        matmul = self.scaled_matmul(node)
-        joined = matmul or node
+        matmul, stack = self.scaled_matmul(node), self.stacked_sum(node)
+        joined = matmul or stack or node
         inputs = self.inputs(joined)
         target = joined.target
         if matmul is not None:
             merge = self.terminal(node, "matmul", scaled=True)
+        elif stack is not None:
+            merge = self.terminal(node, "add")
         elif _is_add(joined):
             if len(inputs) != 2 or not _plain(joined):
                 raise self.fail(node, "only a plain sum of tensors is the grammar's add")
@@ -70,7 +84,7 @@ class JoinRules:
                 node, f"{self.short(node)} of {len(inputs)} tensors has no counterpart in the grammar"
             )
         fork = self.idom[joined]
-        if merge.op == "add" and len(summed := self.summands(node)) > 2:
+        if stack is None and merge.op == "add" and len(summed := self.summands(node)) > 2:
             used, made = dict(self.used), {key: list(nodes) for key, nodes in self.substitutions.items()}
             piece, start, repeated = self._join(node, fork, summed, merge)
             if repeated:  # the grammar's b > 2 branches repeat one derivation

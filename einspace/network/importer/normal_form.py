@@ -5,6 +5,8 @@ the tree it started from (tests/test_round_trip.py).
 An exported file keeps every computation and the order of every routing operation, but not:
   - how sequences are grouped (`M -> M M` is associative; export writes one line per operation);
   - operations that compute nothing: `identity`, and a routing module's identity side;
+  - the order of the branches of a clone whose aggregation is a sum (the importer puts shortcuts
+    last, as `residual` does);
   - where routing modules begin and end: `R1 permute (M) R2 permute` next to another permute
     is a run of permutes, written as one; permutes that undo each other, and an image turned into
     tokens and back (col2im then im2col 1×1, or im2col 1×1 then col2im), are no code at all;
@@ -84,6 +86,8 @@ def _simplify(items: list[_Item], image: bool) -> list[_Item]:
         here = _image_after(out[-1], modes[-1]) if out else image
         if isinstance(item, _Branching):
             branches = tuple(tuple(_simplify(list(b), here)) for b in item.branches)
+            if item.split.op == "clone" and item.merge.op == "add":  # in any order
+                branches = tuple(sorted(branches, key=lambda b: _text(list(b))))
             item = _Branching(item.split, branches, item.merge)
         out.append(item)
         modes.append(here)
