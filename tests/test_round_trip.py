@@ -81,8 +81,8 @@ def assert_round_trip(tree: Node, grammar_name: str, shape: tuple[int, ...], out
     imported = import_model(model, x, grammar)
     assert imported.substitutions == ()
     image = len(shape) == 3
-    assert normal_hash(imported.tree, image) == normal_hash(tree, image), (
-        f"{to_text(tree)}\n{normal_form(tree, image)}\nimported:\n{normal_form(imported.tree, image)}"
+    assert normal_hash(imported.tree, image, x) == normal_hash(tree, image, x), (
+        f"{to_text(tree)}\n{normal_form(tree, image, x)}\nimported:\n{normal_form(imported.tree, image, x)}"
     )
     again = import_model(exported_model(imported.tree, grammar, x), x, grammar)
     assert to_text(again.tree) == to_text(imported.tree)
@@ -171,9 +171,13 @@ def test_import_export_import_of_hand_written_models_is_the_identity(name, facto
             " (R2 col2im)))",
             "(S (M (C norm)) (M (M (C linear(d=16))) (M (C linear(d=32)))))",
         ),
+        (  # a layer on the channels, then tokens: the layer on the tokens
+            "(S (M (C linear(d=16))) (M (R1 im2col(k=1, s=1, p=0)) (M (C softmax)) (R2 identity)))",
+            "(S (R1 im2col(k=1, s=1, p=0)) (M (M (C linear(d=16))) (M (C softmax))) (R2 identity))",
+        ),
         ("(S (B clone(b=4)) (Branches (M (C relu))*4) (A add))", None),
     ],
-    ids=["grouping", "identities", "permute_runs", "channel_layers", "repeat"],
+    ids=["grouping", "identities", "permute_runs", "channel_layers", "layer_then_tokens", "repeat"],
 )
 def test_normal_form_makes_one_what_export_writes_alike(first, second):
     if second is None:  # a repeat is its branches written out
@@ -181,6 +185,18 @@ def test_normal_form_makes_one_what_export_writes_alike(first, second):
         assert normal_form(tree, True) == "clone(b=4)([relu], [relu], [relu], [relu])add"
         return
     assert normal_form(parse_tree(first), True) == normal_form(parse_tree(second), True)
+
+
+def test_permutes_on_axes_of_size_one_are_what_they_do():
+    """On [3, 1, 1] (a 1×1 image), (3,2,1) and (2,3,1) both give [1, 1, 3] with the elements where
+    they were: one reshape; (1,3,2) changes nothing. Without the input they stay apart."""
+    x, one = input_state((3, 1, 1)), "(S (R1 permute(order=({}))) (M (C relu)) (R2 identity))"
+    first, second, nothing = (parse_tree(one.format(o)) for o in ("3,2,1", "2,3,1", "1,3,2"))
+    assert normal_form(first, True, x) == normal_form(second, True, x) == "reshape(shape=(1, 1, 3)) relu"
+    assert normal_form(nothing, True, x) == "relu"
+    assert normal_form(first, True) != normal_form(second, True)
+    wide = input_state((3, 2, 1))  # (3,2,1) and (2,3,1) now move the elements otherwise
+    assert normal_form(first, True, wide) != normal_form(second, True, wide)
 
 
 @pytest.mark.parametrize(

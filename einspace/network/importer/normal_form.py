@@ -10,8 +10,9 @@ An exported file keeps every computation and the order of every routing operatio
   - where routing modules begin and end: `R1 permute (M) R2 permute` next to another permute
     is a run of permutes, written as one; permutes that undo each other, and an image turned into
     tokens and back (col2im then im2col 1×1, or im2col 1×1 then col2im), are no code at all;
-  - whether layers on an image's channels were written in im mode (`linear`) or between an
-    im2col 1×1 and its col2im: both are 1×1 `nn.Conv2d`s.
+  - whether layers on an image's channels were written in im mode (`linear`) or on tokens, between
+    an im2col 1×1 and its col2im, after an im2col 1×1 or before a col2im: a 1×1 `nn.Conv2d` and a
+    `nn.Linear` on the tokens compute the same, and the importer reads either as it finds it.
 The normal form is a text: each sequence flattened to its operations (routing ones as they
 apply), with those rules applied; each branching module its split, branches and aggregation.
 """
@@ -21,9 +22,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from einspace.checker import check_tree
 from einspace.network.importer.pieces import compose_orders
 from einspace.seeds import architectures as arch
-from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, format_terminal
+from einspace.state import FeatureState
+from einspace.tree import Node, Nonterminal, Parallel, Repeat, Terminal, format_terminal, walk
 
 __all__ = ["normal_form", "normal_hash"]
 
@@ -37,45 +40,65 @@ class _Branching:
     merge: Terminal
 
 
-_Item = Terminal | _Branching
+@dataclass(frozen=True)
+class _Permute:
+    """A permute, with the shape it applies to when the input is known."""
+
+    order: tuple[int, ...]
+    shape: tuple[int, ...] | None
 
 
-def normal_form(tree: Node, image: bool) -> str:
+_Item = Terminal | _Branching | _Permute
+
+
+def normal_form(tree: Node, image: bool, input: FeatureState | None = None) -> str:
     """The normal form's text of `tree` (a whole network or a module), whose input is an image
-    (im mode) or tokens."""
-    return _text(_simplify(_items(tree), image))
+    (im mode) or tokens. With the `input` (a whole network's), a permute is written as what it
+    does to that shape (on axes of size 1, permutes that differ may move the same elements, or
+    none: then it is a reshape, or nothing), and a grouped convolution with a group per channel
+    is the depthwise one (the same `nn.Conv2d`)."""
+    shapes = {}
+    if input is not None:
+        facts = check_tree(tree, None, input).facts
+        shaped = ("permute", "grouped_conv")
+        shapes = {
+            p: facts[p].input[0].shape for p, n in walk(tree) if isinstance(n, Terminal) and n.op in shaped
+        }
+    return _text(_simplify(_items(tree, (), shapes), image))
 
 
-def normal_hash(tree: Node, image: bool) -> str:
+def normal_hash(tree: Node, image: bool, input: FeatureState | None = None) -> str:
     """A hash of the normal form (16 hex digits, as `content_hash`)."""
-    return hashlib.sha256(normal_form(tree, image).encode()).hexdigest()[:16]
+    return hashlib.sha256(normal_form(tree, image, input).encode()).hexdigest()[:16]
 
 
-def _items(node: Node) -> list[_Item]:
+def _items(node: Node, path: tuple[int, ...], shapes: dict[tuple[int, ...], tuple[int, ...]]) -> list[_Item]:
     """The operations of a module in the order they apply, routing ones included."""
     if isinstance(node, Terminal):
+        if node.op == "permute":
+            return [_Permute(dict(node.args)["order"], shapes.get(path))]
+        args = dict(node.args)
+        if node.op == "grouped_conv" and path in shapes and args["g"] == shapes[path][0]:  # one per channel
+            return [arch.op("depthwise_conv", k=args["k"], s=args["s"], p=args["p"])]
         return [] if node.op == "identity" else [node]
     if isinstance(node, Nonterminal):
         symbols = tuple(c.symbol if isinstance(c, Nonterminal) else "" for c in node.children)
         if symbols[:1] == ("B",):
             split, branches, merge = node.children
-            return [
-                _Branching(
-                    split.children[0], tuple(tuple(_items(b)) for b in _branches(branches)), merge.children[0]
-                )
-            ]
-        return [item for child in node.children for item in _items(child)]
+            inner = tuple(tuple(_items(b, (*path, 1, *at), shapes)) for at, b in _branches(branches))
+            return [_Branching(split.children[0], inner, merge.children[0])]
+        return [item for i, child in enumerate(node.children) for item in _items(child, (*path, i), shapes)]
     raise TypeError(f"not a module: {node!r}")
 
 
-def _branches(node: Node) -> list[Node]:
-    if isinstance(node, Nonterminal):  # Branches -> (...)
-        (node,) = node.children
-    if isinstance(node, Repeat):
-        return [node.child] * node.times
-    if isinstance(node, Parallel):
-        return list(node.children)
-    return [node]
+def _branches(node: Node) -> list[tuple[tuple[int, ...], Node]]:
+    """The branches of `Branches -> ...`, each with its path below it (as `check_tree` keys them)."""
+    (inner,) = node.children if isinstance(node, Nonterminal) else (node,)
+    if isinstance(inner, Repeat):
+        return [((0, 0), inner.child)] * inner.times
+    if isinstance(inner, Parallel):
+        return [((0, i), child) for i, child in enumerate(inner.children)]
+    return [((0,), inner)]
 
 
 def _simplify(items: list[_Item], image: bool) -> list[_Item]:
@@ -99,15 +122,24 @@ def _simplify(items: list[_Item], image: bool) -> list[_Item]:
 def _reduce(out: list[_Item]) -> bool:
     """One rule applied at the end of `out` (True), or none applies."""
     last = out[-2:]
-    names = [item.op if isinstance(item, Terminal) else "" for item in last]
-    if names == ["permute", "permute"]:
-        order = compose_orders(*(dict(i.args)["order"] for i in last))  # type: ignore[union-attr]
-        out[-2:] = (
-            [] if order == tuple(range(1, len(order) + 1)) else [Terminal("permute", (("order", order),))]
-        )
+    if len(last) == 2 and all(isinstance(item, _Permute) for item in last):
+        first, second = last
+        order = compose_orders(first.order, second.order)  # type: ignore[union-attr]
+        kept = order != tuple(range(1, len(order) + 1))
+        out[-2:] = [_Permute(order, first.shape)] if kept else []  # type: ignore[union-attr]
         return True
     if last in ([Terminal("col2im", ()), _TOKENS], [_TOKENS, Terminal("col2im", ())]):
         out[-2:] = []
+        return True
+    col2im = Terminal("col2im", ())
+    if len(last) == 2 and last[0] == col2im and _is_linear(last[1]):  # a layer on the channels
+        out[-2:] = [last[1], col2im]  # is one on the tokens before they are folded
+        return True
+    if len(last) == 2 and _is_linear(last[0]) and last[1] == _TOKENS:  # or after they are made
+        start = len(out) - 2
+        while start > 0 and _is_linear(out[start - 1]):
+            start -= 1
+        out[start:] = [_TOKENS, *out[start:-1]]
         return True
     if out[-1:] == [Terminal("col2im", ())]:  # layers on the channels between: as in im mode
         start = len(out) - 2
@@ -131,12 +163,26 @@ def _image_after(item: _Item, image: bool) -> bool:
     return image
 
 
+def _permute_text(item: _Permute) -> str:
+    """The permute's order; on a known shape, what it does: the shape it gives and the order of
+    the axes longer than 1 (a reshape when they keep theirs, nothing when the shape stays)."""
+    if item.shape is None:
+        return format_terminal(Terminal("permute", (("order", item.order),)))
+    out = tuple(item.shape[a - 1] for a in item.order)
+    moved = tuple(a for a in item.order if item.shape[a - 1] != 1)
+    if moved == tuple(sorted(moved)):
+        return "" if out == item.shape else f"reshape(shape={out})"
+    return f"permute(axes={moved}, shape={out})"
+
+
 def _text(items: list[_Item]) -> str:
     parts = []
     for item in items:
-        if isinstance(item, Terminal):
+        if isinstance(item, _Permute):
+            parts.append(_permute_text(item))
+        elif isinstance(item, Terminal):
             parts.append(format_terminal(item))
         else:
             inner = ", ".join(f"[{_text(list(b))}]" for b in item.branches)
             parts.append(f"{format_terminal(item.split)}({inner}){format_terminal(item.merge)}")
-    return " ".join(parts)
+    return " ".join(p for p in parts if p)
