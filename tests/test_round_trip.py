@@ -30,9 +30,9 @@ from einspace.tree import Node, Terminal, to_text, walk
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-#: Each bundled grammar with a small input of its mode (16×16: on smaller images, splits leave
-#: axes of size 1, and a permute that moves only those moves no element, so that export writes
-#: what another such permute, or none, would write).
+#: Each bundled grammar with a small input of its mode (16×16: on smaller images splits leave
+#: more axes of size 1, where tokens folded back to an image and then permuted are read, folded
+#: to the shape the importer sees, without the permute: the same elements, another tree).
 GRAMMARS = {
     "einspace": (3, 16, 16),
     "einspace_zoo": (3, 16, 16),
