@@ -35,7 +35,7 @@ from torch import nn
 
 from einspace.grammar.model import Grammar, OpItem, walk_items
 from einspace.network.importer.graph import TracedModel, target_name
-from einspace.network.importer.joins import JoinRules
+from einspace.network.importer.joins import JoinRules, stack_of_sum
 from einspace.network.importer.layers import LayerRules
 from einspace.network.importer.pieces import Entry, Piece, Route, cancel, common_owner, partner, sequence
 from einspace.seeds import architectures as arch
@@ -203,7 +203,7 @@ class Converter(LayerRules, JoinRules, TracedModel):
         if gated is not None:
             return gated
         inputs = self.inputs(node)
-        if len(inputs) >= 2 or self.scaled_matmul(node) is not None or self.stacked_sum(node) is not None:
+        if len(inputs) >= 2 or self.scaled_matmul(node) is not None or stack_of_sum(self, node) is not None:
             piece, fork = self.branching(node)
             return [piece], fork
         if len(inputs) != 1:

@@ -16,6 +16,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from einspace.network.importer.graph import TracedModel
 from einspace.network.importer.layers import activation_name
 from einspace.network.importer.pieces import Piece, Route, common_owner, sequence
 from einspace.network.importer.weights import linear_entry, rows_of
@@ -23,7 +24,7 @@ from einspace.ops.zoo import SQUEEZE_ACTIVATIONS, squeezed
 from einspace.seeds import architectures as arch
 from einspace.tree import Terminal
 
-__all__ = ["JoinRules"]
+__all__ = ["JoinRules", "stack_of_sum"]
 
 
 class JoinRules:
@@ -43,22 +44,10 @@ class JoinRules:
         wanted = 1 / math.sqrt(size) if node.target is operator.mul else math.sqrt(size)
         return inner if len(numbers) == 1 and math.isclose(numbers[0], wanted, rel_tol=1e-6) else None
 
-    def stacked_sum(self, node: fx.Node) -> fx.Node | None:
-        """The stack of `torch.stack([...]).sum(0)` (a sum of several values written as one, as
-        export writes the sum of linear branches)."""
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-        if not (
-            node.op == "call_method" and node.target == "sum" and dim == 0 and len(self.inputs(node)) == 1
-        ):
-            return None
-        (stack,) = self.inputs(node)
-        at = stack.args[1] if len(stack.args) > 1 else stack.kwargs.get("dim", 0)
-        return stack if stack.target is torch.stack and at == 0 and len(stack.users) == 1 else None
-
     def branching(self, node: fx.Node) -> tuple[Piece, fx.Node]:
         """A join of several values: clone where they part (the fork, returned), one branch each,
         then the aggregation."""
-        matmul, stack = self.scaled_matmul(node), self.stacked_sum(node)
+        matmul, stack = self.scaled_matmul(node), stack_of_sum(self, node)
         joined = matmul or stack or node
         inputs = self.inputs(joined)
         target = joined.target
@@ -144,7 +133,7 @@ class JoinRules:
         readers = [u for u in fork.users if u.target is operator.getitem and isinstance(u.args[1], int)]
         starts = []
         for value in inputs:  # the part each joined value comes from
-            found = [u for u in readers if self._comes_from(value, u)]
+            found = [u for u in readers if _dominates(self.idom, u, value)]
             starts.append(found[0] if len(found) == 1 else None)
         order = [None if s is None else s.args[1] for s in starts]
         b = len(parts)
@@ -159,13 +148,6 @@ class JoinRules:
             raise self.fail(node, "the parts of a split must be joined in their order")
         ordered = sorted(zip(order, inputs, starts, strict=True), key=lambda t: t[0])
         return self.terminal(fork, "group_dim", dim=dims[0], b=b), [(v, s) for _, v, s in ordered]
-
-    def _comes_from(self, value: fx.Node, start: fx.Node) -> bool:
-        """Whether `start` is on every path from the input to `value` (dominates it)."""
-        node = value
-        while node is not start and node in self.idom and self.idom[node] is not node:
-            node = self.idom[node]
-        return node is start
 
     def squeeze_excite(self, node: fx.Node) -> tuple[list[Piece | Route], fx.Node] | None:
         """`x * gate(x)` where the gate is two layers (1×1 convolutions or linears) with one
@@ -301,3 +283,22 @@ def _is_add(node: fx.Node) -> bool:
 def _plain(node: fx.Node) -> bool:
     """A sum without a scale (`alpha`) on its second term."""
     return not any(isinstance(a, (int, float)) and a != 1 for a in node.kwargs.values())
+
+
+def stack_of_sum(traced: TracedModel, node: fx.Node) -> fx.Node | None:
+    """The stack of `torch.stack([...]).sum(0)` (a sum of several values written as one, as
+    export writes the sum of linear branches)."""
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if not (node.op == "call_method" and node.target == "sum" and dim == 0 and len(traced.inputs(node)) == 1):
+        return None
+    (stack,) = traced.inputs(node)
+    at = stack.args[1] if len(stack.args) > 1 else stack.kwargs.get("dim", 0)
+    return stack if stack.target is torch.stack and at == 0 and len(stack.users) == 1 else None
+
+
+def _dominates(idom: dict[fx.Node, fx.Node], start: fx.Node, value: fx.Node) -> bool:
+    """Whether `start` is on every path from the input to `value`."""
+    node = value
+    while node is not start and node in idom and idom[node] is not node:
+        node = idom[node]
+    return node is start
