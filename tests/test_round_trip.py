@@ -107,8 +107,8 @@ def test_sampled_and_mutated_trees_come_back(grammar_name):
 @pytest.mark.slow
 @pytest.mark.parametrize("grammar_name", sorted(GRAMMARS))
 def test_five_hundred_trees_of_each_grammar_come_back(grammar_name):
-    """Not yet passing (measured 2026-11-27: einspace 2, einspace_zoo 3, einspace_plus 1 or more
-    of 500; einspace_1d none): tokens permuted where an axis has size 1 (one 16×16 patch of the
+    """Not yet passing (measured 2026-11-27: einspace 2, einspace_zoo 3, einspace_plus 2 of 500;
+    einspace_1d none): tokens permuted where an axis has size 1 (one 16×16 patch of the
     image, or an image of height 1) and then folded back are read as another run of routings,
     whose col2im does not check."""
     for tree in sampled_and_mutated(grammar_name, 500, seed=11):
