@@ -315,7 +315,7 @@ def _calibrated() -> list[CheckedTree]:
 def _zoo_blocks() -> list[CheckedTree]:
     """Grouped convolutions and squeeze-and-excitation (both activations) of einspace_zoo after
     each block of a small ResNet; and two 1×1 convolutions of unequal widths concatenated (the
-    export stacks them into one layer of the summed width)."""
+    export writes both layers and a `torch.cat`, which imports back to the tree)."""
     x = input_state((3, 16, 16))
     trees = [
         arch.resnet((1, 1), (16, 32), after_block=lambda name=name, args=args: arch.computation(name, **args))

@@ -2,8 +2,9 @@
 
 Why from the compiled, lowered network rather than from the tree: lowering has already found
 what a person would write as one layer (im2col·linear·col2im is `nn.Conv2d`, the attention
-branches are `F.scaled_dot_product_attention`, linear branches joined by a concatenation are one
-`nn.Linear`), and the modules carry every size a constructor needs. Whatever lowering did not
+branches are `F.scaled_dot_product_attention`), and the modules carry every size a constructor
+needs. Linear branches joined by a concatenation stay the tree's layers (`torch.cat` of each),
+so that the file imports back to the tree (tests/test_round_trip.py). Whatever lowering did not
 recognise is written literally (`F.unfold`, `permute`, `@`).
 
 The file reads like hand-written code: every branching module (clone or split → branches →

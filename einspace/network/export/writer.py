@@ -228,29 +228,37 @@ def _channel_linear(writer: Writer, scope: Instance, module: nn.Linear, x: str, 
 
 
 def _branch_linear(writer: Writer, scope: Instance, module: BranchLinear, x: str, out: str) -> str:
+    """Lowering's one matrix product for b linear branches, written as the b layers the tree has
+    (a ModuleList when they have one width), summed or concatenated: so that the file imports
+    back to the same tree (one layer of the summed width would import as one linear)."""
     linears = module.linears
-    n_in, d, b = linears[0].in_features, linears[0].out_features, len(linears)
+    n_in, b = linears[0].in_features, len(linears)
     weights = [m.weight[:, :, None, None] if module.image else m.weight for m in linears]
-    if module.combine == "features":  # stacked: one layer to the sum of the widths (unequal ones too)
-        state = {"weight": torch.cat(weights), "bias": torch.cat([m.bias for m in linears])}
-        total = sum(m.out_features for m in linears)
-        if module.image:
-            layer = scope.add("conv", _CONV2D, _conv_slots(n_in, total), state)
-        else:
-            layer = scope.add("linear", "nn.Linear({}, {})", _linear_slots(n_in, total), state)
-        scope.line(f"{out} = {layer}({x})")
+    each = "nn.Conv2d({}, {}, 1)" if module.image else "nn.Linear({}, {})"
+    stem = "conv" if module.image else "linear"
+    dim = {"add": 0, "sequence": 1, "features": 1 if module.image else 2}[module.combine]
+    if len({m.out_features for m in linears}) > 1:  # concatenated along the features
+        layers = []
+        for weight, m in zip(weights, linears, strict=True):
+            slots = _conv_slots(n_in, m.out_features) if module.image else _linear_slots(n_in, m.out_features)
+            template = _CONV2D if module.image else "nn.Linear({}, {})"
+            layers.append(scope.add(stem, template, slots, {"weight": weight, "bias": m.bias}))
+        scope.line(f"{out} = torch.cat([{', '.join(f'{layer}({x})' for layer in layers)}], dim={dim})")
         return out
     state = {}
     for i, (weight, m) in enumerate(zip(weights, linears, strict=True)):
         state[f"{i}.weight"], state[f"{i}.bias"] = weight, m.bias
-    each = "nn.Conv2d({}, {}, 1)" if module.image else "nn.Linear({}, {})"
+    d = linears[0].out_features
     slots = (*(_conv_slots(n_in, d)[:2] if module.image else _linear_slots(n_in, d)), ("branches", b))
-    stem = "convs" if module.image else "linears"
-    layers = scope.add(stem, f"nn.ModuleList({each} for _ in range({{}}))", slots, state)
+    layers = scope.add(f"{stem}s", f"nn.ModuleList({each} for _ in range({{}}))", slots, state)
     each_out = f"layer({x}) for layer in {layers}"
-    scope.line(
-        f"{out} = sum({each_out})" if module.combine == "add" else f"{out} = torch.cat([{each_out}], dim=1)"
+    # a sum as one expression: the importer tells it from a sum around it (x1 + x2 + ...)
+    joined = (
+        f"torch.stack([{each_out}]).sum(0)"
+        if module.combine == "add"
+        else f"torch.cat([{each_out}], dim={dim})"
     )
+    scope.line(f"{out} = {joined}")
     return out
 
 

@@ -35,7 +35,7 @@ from torch import nn
 
 from einspace.grammar.model import Grammar, OpItem, walk_items
 from einspace.network.importer.graph import TracedModel, target_name
-from einspace.network.importer.joins import JoinRules
+from einspace.network.importer.joins import JoinRules, stack_of_sum
 from einspace.network.importer.layers import LayerRules
 from einspace.network.importer.pieces import Entry, Piece, Route, cancel, common_owner, partner, sequence
 from einspace.seeds import architectures as arch
@@ -203,7 +203,7 @@ class Converter(LayerRules, JoinRules, TracedModel):
         if gated is not None:
             return gated
         inputs = self.inputs(node)
-        if len(inputs) >= 2 or self.scaled_matmul(node) is not None:
+        if len(inputs) >= 2 or self.scaled_matmul(node) is not None or stack_of_sum(self, node) is not None:
             piece, fork = self.branching(node)
             return [piece], fork
         if len(inputs) != 1:
@@ -213,30 +213,17 @@ class Converter(LayerRules, JoinRules, TracedModel):
     def layout(
         self, source: fx.Node, run: list[fx.Node], base: torch.Tensor | None = None
     ) -> list[Piece | Route]:
-        """A run of reshapes and permutes as the grammar's routing: nothing, a permute of the
-        feature axes, image to tokens (im2col 1×1), or tokens to image (col2im). `base` is where
-        the grammar's view of `source` has each element (default: as it is)."""
+        """A run of reshapes and permutes as the grammar's routings, up to three in a row (the
+        fewest that do it): permutes of the feature axes, image to tokens (im2col 1×1), tokens to
+        image (col2im). `base` is where the grammar's view of `source` has each element (default:
+        as it is)."""
         index = self.index_map(source, run)
         if base is None:
             base = torch.arange(self.values[source].numel()).reshape(self.values[source].shape)
-        if index.shape == base.shape and torch.equal(index, base):
-            return []
-        rank = base.dim()
-        for order in itertools.permutations(range(1, rank)):
-            if index.shape == base.permute(0, *order).shape and torch.equal(index, base.permute(0, *order)):
-                return [Route(self.terminal(run[-1], "permute", order=order), run[-1])]
-        if rank == 4 and torch.equal(index, base.flatten(2).transpose(1, 2)):
-            return [Route(self.terminal(run[-1], "im2col", k=1, s=1, p=0), run[-1])]
-        if rank == 3 and index.dim() == 4 and index.shape[2] * index.shape[3] == base.shape[1]:
-            image = base.transpose(1, 2).unflatten(2, tuple(index.shape[2:]))
-            for order in itertools.permutations(range(1, 4)):  # col2im, then a permute
-                if index.shape == image.permute(0, *order).shape and torch.equal(
-                    index, image.permute(0, *order)
-                ):
-                    routes = [Route(self.terminal(run[-1], "col2im"), run[-1])]
-                    if order != (1, 2, 3):
-                        routes.append(Route(self.terminal(run[-1], "permute", order=order), run[-1]))
-                    return routes
+        for routes in _route_runs(base, index):
+            routed = _routed(base, routes, index.shape)
+            if routed is not None and routed.shape == index.shape and torch.equal(routed, index):
+                return [Route(self.terminal(run[-1], name, **args), run[-1]) for name, args in routes]
         raise self.fail(
             run[-1],
             f"this reshape ({tuple(base.shape)} to {tuple(index.shape)}) is not a routing of the grammar: "
@@ -265,17 +252,17 @@ class Converter(LayerRules, JoinRules, TracedModel):
                 out.append(item)
                 i += 1
                 continue
-            if item.op.op == "col2im":
+            if item.op.op == "col2im" and not out:
                 raise self.fail(
                     item.node, "tokens folded back to an image without an im2col that opened the fold"
                 )
-            j = partner(items, i)
+            j = partner(items, i) if item.op.op != "col2im" else None
             if j is not None:
                 inner = sequence(self.assemble(items[i + 1 : j]))
                 owner = common_owner([self.owner(item.node), inner.owner, self.owner(items[j].node)])
                 out.append(Piece(arch.routing(item.op, inner.module, items[j].op), inner.entries, owner))
                 i = j + 1
-            elif item.op.op == "permute" and out:
+            elif item.op.op in ("permute", "col2im") and out:  # closes what came before (branches)
                 before = out.pop()
                 owner = common_owner([before.owner, self.owner(item.node)])
                 out.append(Piece(arch.routing("identity", before.module, item.op), before.entries, owner))
@@ -287,6 +274,58 @@ class Converter(LayerRules, JoinRules, TracedModel):
                 out.append(Piece(arch.routing(item.op, inner.module, "identity"), inner.entries, owner))
                 i += 1 + len(after if after and isinstance(after[0], Piece) else [])
         return out
+
+
+#: A routing operation as the importer writes it: its name and arguments.
+_RouteOp = tuple[str, dict[str, Any]]
+
+
+def _route_runs(base: torch.Tensor, index: torch.Tensor) -> list[list[_RouteOp]]:
+    """The runs of routing operations (up to three, shortest first: permutes of the feature axes,
+    image to tokens, tokens to an image of the result's height and width) that may turn `base`'s
+    layout into `index`'s: a run of reshapes may be several routings written as one."""
+    runs: list[list[_RouteOp]] = [[]]
+    frontier: list[tuple[list[_RouteOp], int]] = [([], base.dim())]
+    for _ in range(3):
+        grown = []
+        for routes, rank in frontier:
+            last = routes[-1][0] if routes else ""
+            steps: list[tuple[_RouteOp, int]] = []  # a change of layout first, as export writes them
+            if rank == 4 and last != "col2im":
+                steps.append((("im2col", {"k": 1, "s": 1, "p": 0}), 3))
+            if rank == 3 and index.dim() == 4 and last != "im2col":
+                steps.append((("col2im", {}), 4))
+            if last != "permute":
+                orders = itertools.permutations(range(1, rank))
+                steps += [(("permute", {"order": o}), rank) for o in orders if o != tuple(range(1, rank))]
+            grown += [([*routes, step], after) for step, after in steps]
+        runs += [routes for routes, _ in grown]
+        frontier = grown
+    return [r for r in runs if _rank_after(r, base.dim()) == index.dim()]
+
+
+def _rank_after(routes: list[_RouteOp], rank: int) -> int:
+    for name, _ in routes:
+        rank = {"im2col": 3, "col2im": 4}.get(name, rank)
+    return rank
+
+
+def _routed(base: torch.Tensor, routes: list[_RouteOp], shape: torch.Size) -> torch.Tensor | None:
+    """`base` moved by the routes, to compare with a result of `shape`; a col2im folds to the
+    height and width that the permute after it (if any) makes `shape`'s. None: it cannot."""
+    x = base
+    for i, (name, args) in enumerate(routes):
+        if name == "permute":
+            x = x.permute(0, *args["order"])
+        elif name == "im2col":
+            x = x.flatten(2).transpose(1, 2)
+        else:
+            order = routes[i + 1][1]["order"] if i + 1 < len(routes) else (1, 2, 3)
+            folded = {axis: shape[k + 1] for k, axis in enumerate(order)}
+            if folded[2] * folded[3] != x.shape[1]:
+                return None
+            x = x.transpose(1, 2).unflatten(2, (folded[2], folded[3]))
+    return x
 
 
 def grammar_grid(grammar: Grammar) -> dict[str, set[tuple[tuple[str, Any], ...]]]:

@@ -16,13 +16,15 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from einspace.network.importer.graph import TracedModel
 from einspace.network.importer.layers import activation_name
 from einspace.network.importer.pieces import Piece, Route, common_owner, sequence
 from einspace.network.importer.weights import linear_entry, rows_of
 from einspace.ops.zoo import SQUEEZE_ACTIVATIONS, squeezed
 from einspace.seeds import architectures as arch
+from einspace.tree import Terminal
 
-__all__ = ["JoinRules"]
+__all__ = ["JoinRules", "stack_of_sum"]
 
 
 class JoinRules:
@@ -45,16 +47,16 @@ class JoinRules:
     def branching(self, node: fx.Node) -> tuple[Piece, fx.Node]:
         """A join of several values: clone where they part (the fork, returned), one branch each,
         then the aggregation."""
-        matmul = self.scaled_matmul(node)
-        joined = matmul or node
+        matmul, stack = self.scaled_matmul(node), stack_of_sum(self, node)
+        joined = matmul or stack or node
         inputs = self.inputs(joined)
         target = joined.target
         if matmul is not None:
             merge = self.terminal(node, "matmul", scaled=True)
-        elif target in (operator.add, torch.add) or (joined.op == "call_method" and target == "add"):
-            if len(inputs) != 2 or any(
-                isinstance(a, (int, float)) and a != 1 for a in joined.kwargs.values()
-            ):
+        elif stack is not None:
+            merge = self.terminal(node, "add")
+        elif _is_add(joined):
+            if len(inputs) != 2 or not _plain(joined):
                 raise self.fail(node, "only a plain sum of tensors is the grammar's add")
             merge = self.terminal(node, "add")
         elif target in (operator.matmul, torch.matmul, torch.bmm):
@@ -71,15 +73,81 @@ class JoinRules:
                 node, f"{self.short(node)} of {len(inputs)} tensors has no counterpart in the grammar"
             )
         fork = self.idom[joined]
-        split = self.terminal(node, "clone", b=len(inputs))
-        branches = [sequence(self.assemble(self.chain(value, fork))) for value in inputs]
-        if merge.op == "add":  # a sum in any order is the same: shortcuts last, as residual() writes them
+        if stack is None and merge.op == "add" and len(summed := self.summands(node)) > 2:
+            used, made = dict(self.used), {key: list(nodes) for key, nodes in self.substitutions.items()}
+            piece, start, repeated = self._join(node, fork, summed, merge)
+            if repeated:  # the grammar's b > 2 branches repeat one derivation
+                return piece, start
+            self.used, self.substitutions = used, made  # as sums of two, then
+        piece, start, _ = self._join(node, fork, inputs, merge)
+        return piece, start
+
+    def _join(
+        self, node: fx.Node, fork: fx.Node, inputs: list[fx.Node], merge: Terminal
+    ) -> tuple[Piece, fx.Node, bool]:
+        """The branching module of `inputs` joined by `merge`, where the chain goes on, and whether
+        its branches are one derivation."""
+        parts = self.split_parts(node, fork, inputs)
+        if parts is None:
+            split, starts = self.terminal(node, "clone", b=len(inputs)), [(v, fork) for v in inputs]
+        else:  # one part of a chunk per branch: the chain goes on before the chunk
+            split, starts = parts
+            fork = self.inputs(fork)[0]
+        branches = [sequence(self.assemble(self.chain(value, start))) for value, start in starts]
+        if merge.op == "add" and split.op == "clone":  # shortcuts last, as residual() writes them
             branches.sort(key=lambda branch: branch.module == arch.identity())
         modules = [branch.module for branch in branches]
-        shared = modules[0] if len(modules) != 2 and all(m == modules[0] for m in modules) else modules
+        repeated = all(m == modules[0] for m in modules)
+        shared = modules[0] if len(modules) != 2 and repeated else modules
         entries = tuple(e for branch in branches for e in branch.entries)
         owner = common_owner([self.owner(node), *(branch.owner for branch in branches)])
-        return Piece(arch.branching(split, shared, merge), entries, owner), fork
+        return Piece(arch.branching(split, shared, merge), entries, owner), fork, repeated
+
+    def summands(self, node: fx.Node) -> list[fx.Node]:
+        """The values a sum adds, the sums written in the same code (`x1 + x2 + x3 + x4`: each
+        used once, the values parting where all do) opened when the grammar splits into that many
+        branches (clone(4)); its two terms otherwise."""
+        found, pending = [], self.inputs(node)
+        while pending:
+            value = pending.pop(0)
+            inner = _is_add(value) and _plain(value) and len(self.inputs(value)) == 2
+            here = inner and self.owner(value) == self.owner(node) and self.idom[value] is self.idom[node]
+            if here and len(value.users) == 1:
+                pending[:0] = self.inputs(value)
+            else:
+                found.append(value)
+        counts = {dict(a)["b"] for a in self.grid.get("clone", ())}
+        return found if len(found) in counts else self.inputs(node)
+
+    def split_parts(
+        self, node: fx.Node, fork: fx.Node, inputs: list[fx.Node]
+    ) -> tuple[Terminal, list[tuple[fx.Node, fx.Node]]] | None:
+        """When the joined values part at a chunk (`x.chunk(b, dim)`, or a split into equal
+        sizes), one part per value: the grammar's group_dim and, in the parts' order, each joined
+        value with its part (a sum may add them in any order); None when they part at one value
+        (a clone)."""
+        if not (fork.target in ("chunk", "split", torch.chunk, torch.split) and len(self.inputs(fork)) == 1):
+            return None
+        whole, parts = self.values[self.inputs(fork)[0]], self.values[fork]
+        dims = [d for d in range(1, whole.dim()) if parts[0].shape[d] != whole.shape[d]]
+        readers = [u for u in fork.users if u.target is operator.getitem and isinstance(u.args[1], int)]
+        starts = []
+        for value in inputs:  # the part each joined value comes from
+            found = [u for u in readers if _dominates(self.idom, u, value)]
+            starts.append(found[0] if len(found) == 1 else None)
+        order = [None if s is None else s.args[1] for s in starts]
+        b = len(parts)
+        equal = len(dims) == 1 and all(p.shape == parts[0].shape for p in parts)
+        if not equal or sorted(o for o in order if o is not None) != list(range(b)) or len(inputs) != b:
+            raise self.fail(
+                fork,
+                "the grammar's group_dim splits one feature axis into equal parts, one per branch, "
+                "each read once and joined in their order",
+            )
+        if order != list(range(b)) and node.target not in (operator.add, torch.add, "add"):
+            raise self.fail(node, "the parts of a split must be joined in their order")
+        ordered = sorted(zip(order, inputs, starts, strict=True), key=lambda t: t[0])
+        return self.terminal(fork, "group_dim", dim=dims[0], b=b), [(v, s) for _, v, s in ordered]
 
     def squeeze_excite(self, node: fx.Node) -> tuple[list[Piece | Route], fx.Node] | None:
         """`x * gate(x)` where the gate is two layers (1×1 convolutions or linears) with one
@@ -206,3 +274,31 @@ class JoinRules:
         ):
             raise self.fail(value, "the heads must be slices of the projection's features, per token")
         return node, module, rows
+
+
+def _is_add(node: fx.Node) -> bool:
+    return node.target in (operator.add, torch.add) or (node.op == "call_method" and node.target == "add")
+
+
+def _plain(node: fx.Node) -> bool:
+    """A sum without a scale (`alpha`) on its second term."""
+    return not any(isinstance(a, (int, float)) and a != 1 for a in node.kwargs.values())
+
+
+def stack_of_sum(traced: TracedModel, node: fx.Node) -> fx.Node | None:
+    """The stack of `torch.stack([...]).sum(0)` (a sum of several values written as one, as
+    export writes the sum of linear branches)."""
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if not (node.op == "call_method" and node.target == "sum" and dim == 0 and len(traced.inputs(node)) == 1):
+        return None
+    (stack,) = traced.inputs(node)
+    at = stack.args[1] if len(stack.args) > 1 else stack.kwargs.get("dim", 0)
+    return stack if stack.target is torch.stack and at == 0 and len(stack.users) == 1 else None
+
+
+def _dominates(idom: dict[fx.Node, fx.Node], start: fx.Node, value: fx.Node) -> bool:
+    """Whether `start` is on every path from the input to `value`."""
+    node = value
+    while node is not start and node in idom and idom[node] is not node:
+        node = idom[node]
+    return node is start

@@ -14,7 +14,17 @@ import torch.fx as fx
 from einspace.seeds import architectures as arch
 from einspace.tree import Nonterminal, Terminal
 
-__all__ = ["Entry", "Piece", "Route", "cancel", "common_owner", "flat", "partner", "sequence"]
+__all__ = [
+    "Entry",
+    "Piece",
+    "Route",
+    "cancel",
+    "common_owner",
+    "compose_orders",
+    "flat",
+    "partner",
+    "sequence",
+]
 
 #: Weights of one stateful terminal (linear, norm, positional encoding), keyed as in its
 #: compiled module; None keeps the fresh initialisation (a substituted layer).
@@ -89,7 +99,7 @@ def cancel(items: list[Piece | Route]) -> list[Piece | Route]:
     undo each other: such pairs change nothing. A channels-last layer norm between the permutes
     to channels-last and back is the grammar's channel_norm, without them."""
     out: list[Piece | Route] = []
-    for item in items:
+    for item in _split_around_norms(items):
         last = out[-1] if out else None
         if isinstance(item, Route) and item.op == arch.op("permute", order=(3, 1, 2)):
             n = 0  # the channels-last norms just before (two in a row: their permutes between cancelled)
@@ -121,9 +131,46 @@ def cancel(items: list[Piece | Route]) -> list[Piece | Route]:
     return out
 
 
+_TO_CHANNELS_LAST, _FROM_CHANNELS_LAST = (2, 3, 1), (3, 1, 2)
+
+
+def _split_around_norms(items: list[Piece | Route]) -> list[Piece | Route]:
+    """A permute just after a channels-last layer norm (or just before one) that is the permute
+    back from channels-last (or to it) and others written as one: the permutes apart, so that
+    `cancel` finds the pair around each norm (export writes a permute next to a channel_norm so)."""
+    out: list[Piece | Route] = []
+    for i, item in enumerate(items):
+        order = dict(item.op.args).get("order") if isinstance(item, Route) and item.op.op == "permute" else ()
+        if len(order) != 3:
+            out.append(item)
+            continue
+        after, before = i > 0 and _is_norm(items[i - 1]), i + 1 < len(items) and _is_norm(items[i + 1])
+        orders = [order]
+        if after:  # back from channels-last, then the rest
+            orders = [_FROM_CHANNELS_LAST, compose_orders(_inverse(_FROM_CHANNELS_LAST), orders[-1])]
+        if before:  # the rest, then to channels-last
+            orders[-1:] = [compose_orders(orders[-1], _inverse(_TO_CHANNELS_LAST)), _TO_CHANNELS_LAST]
+        kept = [o for o in orders if o != (1, 2, 3)]
+        out += [Route(arch.op("permute", order=o), item.node) for o in kept] if len(orders) > 1 else [item]
+    return out
+
+
+def compose_orders(first: tuple[int, ...], second: tuple[int, ...]) -> tuple[int, ...]:
+    """The order of permuting by `first`, then by `second`."""
+    return tuple(first[axis - 1] for axis in second)
+
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(order.index(axis) + 1 for axis in range(1, len(order) + 1))
+
+
+def _is_norm(item: Piece | Route) -> bool:
+    return isinstance(item, Piece) and item.channels_last is not None
+
+
 def _undoes(first: tuple[int, ...], second: tuple[int, ...]) -> bool:
     """Whether permuting by `first`, then by `second`, gives the axes back in their order."""
-    return len(first) == len(second) and all(first[second[i] - 1] == i + 1 for i in range(len(first)))
+    return len(first) == len(second) and compose_orders(first, second) == tuple(range(1, len(first) + 1))
 
 
 def partner(items: list[Piece | Route], i: int) -> int | None:
