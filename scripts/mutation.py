@@ -53,6 +53,34 @@ _FAST_EXACT = tuple(
     )
 )
 
+#: The tests of tests/test_xd.py that take well under a second each (not: the two that train or
+#: mutate networks for several seconds; the 1024- and 2048-point comparisons are marked slow).
+_FAST_XD = tuple(
+    f"tests/test_xd.py::{name}"
+    for name in (
+        "test_butterfly_at_init_is_the_fft_of_the_zero_padded_axis",
+        "test_dense_matrix_multiplies_out_the_same_factors",
+        "test_two_pass_blocks_are_the_dense_matrix",
+        "test_butterfly_rejects_sizes_that_are_not_powers_of_two",
+        "test_warm_start_is_the_convolution_forward_and_backward",
+        "test_channels_last_is_the_convolution_over_tokens",
+        "test_stage_by_stage_path_is_the_convolution_too",
+        "test_two_pass_block_path_is_the_convolution_too",
+        "test_long_axis_is_the_convolution_in_float32",
+        "test_any_parameters_match_an_independent_complex_computation",
+        "test_float32_matches_the_reference_at_the_benchmark_sizes",
+        "test_gradcheck_in_float64",
+        "test_runs_in_full_precision_under_autocast",
+        "test_default_initialisation_is_a_fresh_convolution",
+        "test_parameter_count_by_hand",
+        "test_flops_by_hand",
+        "test_registry_contract",
+        "test_im_mode_matches_im2col_geometry",
+        "test_infeasible_where_the_kernel_does_not_fit",
+        "test_in_a_compiled_network",
+    )
+)
+
 #: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
 #: cover it: the only ones mutmut may run for its mutants; a pytest node id `file::test` picks the
 #: fast tests of a file whose others train networks). A function is mutmut's mangled name
@@ -93,8 +121,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (),
         (*_FAST_EXACT, "tests/test_mutation_exact.py"),
     ),
-    "XD ops": ("einspace/ops/xd.py", (), ("tests/test_xd.py",)),
-    "XD modules": ("einspace/ops/_xd_modules.py", (), ("tests/test_xd.py",)),
+    "XD ops": ("einspace/ops/xd.py", (), (*_FAST_XD, "tests/test_mutation_xd.py")),
+    "XD modules": ("einspace/ops/_xd_modules.py", (), (*_FAST_XD, "tests/test_mutation_xd.py")),
     "NOS ops": ("einspace/ops/nos.py", (), ("tests/test_nos.py", "tests/test_mutation_nos.py")),
     "NOS modules": ("einspace/ops/_nos_modules.py", (), ("tests/test_nos.py", "tests/test_mutation_nos.py")),
     "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py", "tests/test_mutation_dnarch.py")),

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from einspace import check_tree, compile_backbone, parse_tree
 from einspace.errors import EinspaceError, Infeasible
@@ -133,6 +134,7 @@ def test_weights_start_as_a_fresh_layer_would() -> None:
     for module, fan_in in ((kernel, 16 * 25), (width, 400)):
         for tensor in (module.weight, module.bias):
             bound = 1 / math.sqrt(fan_in)
+            tensor = tensor.detach()
             assert float(tensor.abs().max()) <= bound
             assert float(tensor.max()) > 0.9 * bound and float(tensor.min()) < -0.9 * bound
 
@@ -261,3 +263,83 @@ def test_a_network_without_dnarch_terminals_has_a_constant_cost() -> None:
     message = "^complexity loss: the network has no params to set a target on$"
     with pytest.raises(EinspaceError, match=message):
         build_network_loss("complexity", network, checked, {"measure": "params"})
+
+
+# ---------------------------------------------------------------- masked modules at unsaturated masks
+
+
+def _sigmoid_mask(coords: list[float], mu: float, tau: float) -> torch.Tensor:
+    """Eq. 2 with the threshold, by hand."""
+    values = [1 / (1 + math.exp(-tau * (mu - c))) for c in coords]
+    return torch.tensor([v if v >= 0.1 else 0.0 for v in values], dtype=torch.float64)
+
+
+def test_kernel_masks_apply_per_axis() -> None:
+    """Different sigmas on H and W: the kernel is the weight times mask_h (rows) x mask_w (columns)."""
+    torch.manual_seed(4)
+    module = get_op("dnarch_kernel").build((im(2, 7, 6),), {"k": 5, "d": 3}).double()
+    with torch.no_grad():
+        module.masks[0].sigma.fill_(0.3)  # taps 0, ±0.5 kept
+        module.masks[1].sigma.fill_(1.0)  # every tap kept
+    coords = [-1.0, -0.5, 0.0, 0.5, 1.0]
+    gauss = [[math.exp(-0.5 * (c / s) ** 2) for c in coords] for s in (0.3, 1.0)]
+    h, w = (torch.tensor([v if v >= 0.1 else 0.0 for v in g], dtype=torch.float64) for g in gauss)
+    assert h.tolist()[0] == 0.0 and w.tolist()[0] > 0
+    x = torch.randn(2, 2, 7, 6, dtype=torch.float64)
+    expected = F.conv2d(x, module.weight * h[:, None] * w[None, :], module.bias, padding=2)
+    torch.testing.assert_close(module(x), expected)
+    size = (2 * 0.3 * REACH / 2 * 5) * 5  # Eq. 9 per axis, the second clipped at 5
+    assert float(module.masked_size()) == pytest.approx(size)
+
+
+@pytest.mark.parametrize("state", [im(3, 4, 5), col(4, 3)], ids=str)
+def test_width_mask_scales_the_output_channels(state: FeatureState) -> None:
+    torch.manual_seed(5)
+    module = get_op("dnarch_width").build((state,), {"d": 5}).double()
+    with torch.no_grad():
+        module.mask.mu.fill_(0.1)
+    mask = _sigmoid_mask([-1, -0.5, 0, 0.5, 1], 0.1, 25.0)
+    x = torch.randn(2, *state.shape, dtype=torch.float64)
+    if state.mode == IM:
+        linear = torch.einsum("bchw,dc->bdhw", x, module.weight) + module.bias[:, None, None]
+        expected = linear * mask[:, None, None]
+    else:
+        expected = (x @ module.weight.T + module.bias) * mask
+    torch.testing.assert_close(module(x), expected)
+
+
+def test_low_pass_on_two_axes_masks_each_by_its_own_frequencies() -> None:
+    """8 x 6: H two-sided (|frequency| 0, 1, 2, 3, 4, 3, 2, 1 of 4), W one-sided (0..3 of 3)."""
+    torch.manual_seed(6)
+    module = get_op("dnarch_resolution").build((im(2, 8, 6),), {})
+    with torch.no_grad():
+        module.masks[0].mu.fill_(-0.2)
+        module.masks[1].mu.fill_(0.4)
+    h = _sigmoid_mask([-1 + f / 2 for f in (0, 1, 2, 3, 4, 3, 2, 1)], -0.2, 25.0)
+    w = _sigmoid_mask([-1 + f * 2 / 3 for f in range(4)], 0.4, 25.0)
+    x = torch.randn(2, 2, 8, 6)
+    expected = torch.fft.irfft2(torch.fft.rfft2(x.double()) * torch.outer(h, w), s=(8, 6))
+    torch.testing.assert_close(module(x), expected.float())
+    assert module.costs()["params"].dtype == torch.float32
+    assert module.nominal == {"flops": round(2 * (5 * 48 * math.log2(48) + 2 * 8 * 4)), "params": 2}
+
+
+def test_depth_stack_runs_on_the_meta_device_for_shapes() -> None:
+    with torch.device("meta"):
+        module = get_op("dnarch_depth").build((im(2, 5, 5),), {"blocks": 2, "k": 3})
+        out = module(torch.empty(3, 2, 5, 5))
+    assert out.is_meta and out.shape == (3, 2, 5, 5)
+
+
+def test_depth_blocks_use_a_leaky_slope_of_one_hundredth() -> None:
+    module = get_op("dnarch_depth").build((col(4, 2),), {"blocks": 1, "k": 1}).eval()
+    block = module.blocks[0]
+    assert isinstance(block[2], torch.nn.LeakyReLU) and block[2].negative_slope == 0.01
+    assert isinstance(block[1], torch.nn.LayerNorm) and block[0].padding == (0,)
+
+
+def test_complexity_loss_defaults_are_half_the_flops() -> None:
+    network, checked = _single("dnarch_width(d=4)", col(3, 2))
+    loss = build_network_loss("complexity", network, checked, {})
+    assert loss.measure == "flops"
+    assert loss.target == pytest.approx(0.5 * checked.flops)
