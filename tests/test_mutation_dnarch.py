@@ -150,7 +150,7 @@ def test_low_pass_cost_at_a_cut_below_one_point_counts_no_inverse_transform() ->
         for mask in module.masks:
             mask.mu.fill_(-10.0)
     constrain_architecture(module)
-    per_axis = (float(module.masks[0].mu) + math.log(9) / 25 + 1) / 2 * 8
+    per_axis = (module.masks[0].mu.item() + math.log(9) / 25 + 1) / 2 * 8
     kept = per_axis**2
     assert kept < 1
     costs = module.costs()
@@ -321,14 +321,26 @@ def test_low_pass_on_two_axes_masks_each_by_its_own_frequencies() -> None:
     expected = torch.fft.irfft2(torch.fft.rfft2(x.double()) * torch.outer(h, w), s=(8, 6))
     torch.testing.assert_close(module(x), expected.float())
     assert module.costs()["params"].dtype == torch.float32
+    assert module(x.double()).dtype == torch.float64  # computed in float32, returned as given
     assert module.nominal == {"flops": round(2 * (5 * 48 * math.log2(48) + 2 * 8 * 4)), "params": 2}
 
 
 def test_depth_stack_runs_on_the_meta_device_for_shapes() -> None:
     with torch.device("meta"):
-        module = get_op("dnarch_depth").build((im(2, 5, 5),), {"blocks": 2, "k": 3})
+        module = get_op("dnarch_depth").build((im(2, 5, 5),), {"blocks": 2, "k": 5})
         out = module(torch.empty(3, 2, 5, 5))
     assert out.is_meta and out.shape == (3, 2, 5, 5)
+
+
+def test_a_block_under_a_zero_mask_is_not_run() -> None:
+    """Training: a skipped block's BatchNorm keeps its running statistics, a run block's move."""
+    module = get_op("dnarch_depth").build((im(2, 4, 4),), {"blocks": 2, "k": 3}).train()
+    with torch.no_grad():
+        module.mask.mu.fill_(-0.5)  # block coordinates -1 (kept) and 1 (zero)
+    assert module.mask().tolist()[1] == 0.0
+    module(torch.randn(3, 2, 4, 4) + 5)
+    first, second = (block[1].running_mean for block in module.blocks)
+    assert float(first.abs().min()) > 0 and second.tolist() == [0.0, 0.0]
 
 
 def test_depth_blocks_use_a_leaky_slope_of_one_hundredth() -> None:
@@ -343,3 +355,11 @@ def test_complexity_loss_defaults_are_half_the_flops() -> None:
     loss = build_network_loss("complexity", network, checked, {})
     assert loss.measure == "flops"
     assert loss.target == pytest.approx(0.5 * checked.flops)
+
+
+def test_a_fraction_may_set_a_target_of_one_or_less() -> None:
+    """Two mask parameters, half of them: a target of 1 parameter, which is still a cost."""
+    network, checked = _single("dnarch_resolution", im(2, 4, 4))
+    loss = build_network_loss("complexity", network, checked, {"target": 0.5, "measure": "params"})
+    assert loss.target == 1.0
+    assert float(loss.loss()) == pytest.approx(1.0)
