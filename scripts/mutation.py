@@ -144,6 +144,8 @@ _AT_TOLERANCE = (
     "differs only when a float sum lands exactly on 1 ± 1e-6, which no probabilities written with "
     "a few digits produce (1 - fl(1e-6) is not a double near 1)"
 )
+#: DNArch methods whose zip(strict=True) has three mutants (strict=None, False, left out).
+_DNARCH_ZIPS = (("LowPass", "architecture_metrics"), ("ResidualStack", "forward"))
 EQUIVALENT: dict[tuple[str, str], str] = {
     ("einspace/grammar/compose.py", "einspace.grammar.compose.x__add__mutmut_19"): _AT_TOLERANCE,  # <= -> <
     (
@@ -244,6 +246,40 @@ EQUIVALENT: dict[tuple[str, str], str] = {
             ),
         )
         for n in numbers
+    },
+    ("einspace/ops/nos.py", "einspace.ops.nos.xǁ_Calibratingǁ_check__mutmut_7"): (
+        "// -> / in `c // r < 1`: both hold exactly when c < r, for channel counts c >= 1"
+    ),
+    **{
+        ("einspace/ops/_nos_modules.py", f"einspace.ops._nos_modules.{name}"): why
+        for name, why in {
+            "x__conv1x1__mutmut_4": "bias=None for bias=False: both falsy, no bias either way",
+            "xǁSpatialAttentionǁ__init____mutmut_15": "bias=None for bias=False: both falsy, no bias",
+            "x__depthwise__mutmut_4": "kernel.shape[-2] for [-1]: the kernels are square (k, k)",
+            "x__depthwise__mutmut_18": "conv2d of a 3-d input is of one unbatched sample: the same sums",
+        }.items()
+    },
+    **{
+        ("einspace/ops/_dnarch_modules.py", f"einspace.ops._dnarch_modules.{name}"): why
+        for names, why in (
+            (
+                tuple(f"xǁ{c}ǁ{f}__mutmut_{n}" for c, f in _DNARCH_ZIPS for n in (12, 16, 17)),
+                "zip(strict=...): one entry per axis or block on every side, by construction",
+            ),
+            (
+                ("xǁGaussianMaskǁ__init____mutmut_4", "xǁSigmoidMaskǁ__init____mutmut_4"),
+                "persistent=None for False: register_buffer tests it for truth, non-persistent either way",
+            ),
+            (
+                ("xǁResidualStackǁforward__mutmut_6",),
+                "no block run on the meta device: only shapes exist there, and every block keeps the shape",
+            ),
+            (
+                ("x__threshold__mutmut_7",),
+                ">= -> > at T_m - 1e-6: differs only for a mask value of exactly fl32(0.1 - 1e-6)",
+            ),
+        )
+        for name in names
     },
 }
 

@@ -363,3 +363,20 @@ def test_a_fraction_may_set_a_target_of_one_or_less() -> None:
     loss = build_network_loss("complexity", network, checked, {"target": 0.5, "measure": "params"})
     assert loss.target == 1.0
     assert float(loss.loss()) == pytest.approx(1.0)
+
+
+def test_mask_coordinates_are_not_saved() -> None:
+    """Only parameters go into a state dict: the coordinates are rebuilt from the shapes."""
+    module = get_op("dnarch_kernel").build((im(2, 5, 5),), {"k": 3, "d": 2})
+    assert set(module.state_dict()) == {"weight", "bias", "masks.0.sigma", "masks.1.sigma"}
+    width = get_op("dnarch_width").build((col(3, 2),), {"d": 3})
+    assert set(width.state_dict()) == {"weight", "bias", "mask.mu"}
+
+
+def test_costs_follow_the_masks_device_and_dtype() -> None:
+    with torch.device("meta"):
+        low_pass = get_op("dnarch_resolution").build((im(2, 4, 4),), {})
+    costs = low_pass.costs()  # a parameter count that does not depend on the masks, too
+    assert {c.device.type for c in costs.values()} == {"meta"}
+    kernel = get_op("dnarch_kernel").build((im(2, 5, 5),), {"k": 3, "d": 2}).double()
+    assert {c.dtype for c in kernel.costs().values()} == {torch.float64}
