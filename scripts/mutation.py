@@ -247,6 +247,9 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         )
         for n in numbers
     },
+    ("einspace/ops/dnarch.py", "einspace.ops.dnarch.x_check_complexity_options__mutmut_1"): (
+        "default target 0.5 -> 1.5: the defaults are only checked (both > 0); the loss has its own"
+    ),
     ("einspace/ops/nos.py", "einspace.ops.nos.xǁ_Calibratingǁ_check__mutmut_7"): (
         "// -> / in `c // r < 1`: both hold exactly when c < r, for channel counts c >= 1"
     ),
