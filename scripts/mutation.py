@@ -144,8 +144,12 @@ _AT_TOLERANCE = (
     "differs only when a float sum lands exactly on 1 ± 1e-6, which no probabilities written with "
     "a few digits produce (1 - fl(1e-6) is not a double near 1)"
 )
-#: DNArch methods whose zip(strict=True) has three mutants (strict=None, False, left out).
-_DNARCH_ZIPS = (("LowPass", "architecture_metrics"), ("ResidualStack", "forward"))
+#: DNArch methods whose zip(strict=True) has three mutants (strict=None, False, left out): their numbers.
+_DNARCH_ZIPS = {
+    ("LowPass", "architecture_metrics"): (12, 16, 17),
+    ("ResidualStack", "forward"): (12, 16, 17),
+    ("MaskedConv", "architecture_metrics"): (4, 7, 14),
+}
 EQUIVALENT: dict[tuple[str, str], str] = {
     ("einspace/grammar/compose.py", "einspace.grammar.compose.x__add__mutmut_19"): _AT_TOLERANCE,  # <= -> <
     (
@@ -266,7 +270,7 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         ("einspace/ops/_dnarch_modules.py", f"einspace.ops._dnarch_modules.{name}"): why
         for names, why in (
             (
-                tuple(f"xǁ{c}ǁ{f}__mutmut_{n}" for c, f in _DNARCH_ZIPS for n in (12, 16, 17)),
+                tuple(f"xǁ{c}ǁ{f}__mutmut_{n}" for (c, f), ns in _DNARCH_ZIPS.items() for n in ns),
                 "zip(strict=...): one entry per axis or block on every side, by construction",
             ),
             (
@@ -276,6 +280,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
             (
                 ("xǁResidualStackǁforward__mutmut_6",),
                 "no block run on the meta device: only shapes exist there, and every block keeps the shape",
+            ),
+            (
+                ("xǁLowPassǁarchitecture_metrics__mutmut_28",),
+                "n / 2 for n // 2 (odd n): off by >= 0.5 only at the top frequency, where min(n, .) clips",
             ),
             (
                 ("x__threshold__mutmut_7",),
