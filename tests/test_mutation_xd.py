@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import einspace.ops._xd_modules as xd_module
 from einspace.errors import EinspaceError, Infeasible
 from einspace.ops import canonical_args, get_op
 from einspace.ops._xd_modules import XDConv, butterfly, dft_twiddles
@@ -190,3 +191,23 @@ def test_extra_repr_names_the_geometry() -> None:
         "2, 3, kernel_size=3, stride=2, padding=1, input_size=(5, 6), fourier=(8, 8), bias=False, "
         "channels_last=True"
     )
+
+
+def test_butterfly_acts_on_the_last_axis_of_any_batch_shape() -> None:
+    x = torch.randn(2, 3, 8, dtype=torch.complex128)
+    torch.testing.assert_close(butterfly(x, dft_twiddles(8)), torch.fft.fft(x))
+
+
+@pytest.mark.parametrize("spatial, k, p", [((3,), 5, 2), ((2,), 3, 3), ((3, 2), 5, 2)])
+def test_two_pass_path_with_a_padding_past_the_first_block_row(monkeypatch, spatial, k, p) -> None:
+    """Two-pass blocks on axes of 8 (rows of r = 2): a padding of 2 or 3 puts the input from the
+    second row of the grid on, which the M side must place there."""
+    monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4)
+    torch.manual_seed(2)
+    weight = torch.randn(3, 2, *(k,) * len(spatial), dtype=torch.float64)
+    bias = torch.randn(3, dtype=torch.float64)
+    xd = XDConv.from_conv(weight, bias, 1, p, spatial)
+    assert set(xd.fourier) == {8}
+    x = torch.randn(2, 2, *spatial, dtype=torch.float64)
+    conv = F.conv1d if len(spatial) == 1 else F.conv2d
+    torch.testing.assert_close(xd(x), conv(x, weight, bias, padding=p))
