@@ -251,6 +251,28 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         )
         for n in numbers
     },
+    **{
+        ("einspace/ops/_xd_modules.py", f"einspace.ops._xd_modules.{name}"): why
+        for names, why in (
+            (
+                ("x__staged__mutmut_5", "x__staged__mutmut_9"),
+                "shape[+1] for shape[-1]: _staged is only given 2-d lines (lines, length)",
+            ),
+            (
+                ("x__two_passes__mutmut_7", "x__two_passes__mutmut_9"),
+                "every block row computed, not only those up to the last kept row: extra work, then cropped",
+            ),
+            (
+                ("x__complex__mutmut_4",),
+                "a real plane left real: the first butterfly stage's complex twiddles promote it alike",
+            ),
+            (
+                ("x__two_passes__mutmut_24", "x__two_passes__mutmut_27"),
+                "the imaginary part computed too where only the real part is read: extra work",
+            ),
+        )
+        for name in names
+    },
     ("einspace/ops/dnarch.py", "einspace.ops.dnarch.x_check_complexity_options__mutmut_1"): (
         "default target 0.5 -> 1.5: the defaults are only checked (both > 0); the loss has its own"
     ),

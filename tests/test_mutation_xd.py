@@ -211,3 +211,9 @@ def test_two_pass_path_with_a_padding_past_the_first_block_row(monkeypatch, spat
     x = torch.randn(2, 2, *spatial, dtype=torch.float64)
     conv = F.conv1d if len(spatial) == 1 else F.conv2d
     torch.testing.assert_close(xd(x), conv(x, weight, bias, padding=p))
+
+
+def test_from_conv_keeps_the_weights_device() -> None:
+    weight = torch.empty(2, 3, 3, 3, device="meta")
+    xd = XDConv.from_conv(weight, torch.empty(2, device="meta"), 1, 1, (8, 8))
+    assert all(p.is_meta for p in xd.parameters())
