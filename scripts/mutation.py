@@ -263,10 +263,6 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "every block row computed, not only those up to the last kept row: extra work, then cropped",
             ),
             (
-                ("x__complex__mutmut_4",),
-                "a real plane left real: the first butterfly stage's complex twiddles promote it alike",
-            ),
-            (
                 ("x__two_passes__mutmut_24", "x__two_passes__mutmut_27"),
                 "the imaginary part computed too where only the real part is read: extra work",
             ),

@@ -217,3 +217,13 @@ def test_from_conv_keeps_the_weights_device() -> None:
     weight = torch.empty(2, 3, 3, 3, device="meta")
     xd = XDConv.from_conv(weight, torch.empty(2, device="meta"), 1, 1, (8, 8))
     assert all(p.is_meta for p in xd.parameters())
+
+
+def test_stage_by_stage_path_with_an_axis_of_one_point(monkeypatch) -> None:
+    """An axis of one point has no butterfly stage: its transform is the identity, complex still."""
+    monkeypatch.setattr(xd_module, "DENSE_MAX", 0)
+    weight, bias = torch.randn(3, 2, 1, 1, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    xd = XDConv.from_conv(weight, bias, 1, 0, (1, 5))
+    assert xd.fourier == (1, 8)
+    x = torch.randn(2, 2, 1, 5, dtype=torch.float64)
+    torch.testing.assert_close(xd(x), F.conv2d(x, weight, bias))
