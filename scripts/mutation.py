@@ -255,6 +255,15 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         ("einspace/ops/_xd_modules.py", f"einspace.ops._xd_modules.{name}"): why
         for names, why in (
             (
+                tuple(f"x__column_major__mutmut_{n}" for n in (1, 2, 5, 6, 7, 8, 9, 10, 11))
+                + tuple(f"x__unit_stride__mutmut_{n}" for n in (1, 2, 3, 4, 5, 6, 7, 10, 11)),
+                "layout only: a product computed transposed, or a copy made or skipped; the same values",
+            ),
+            (
+                tuple(f"x_butterfly_blocks__mutmut_{n}" for n in (6, 7, 8)),
+                "another split of the stages between the two passes: the same factors regrouped",
+            ),
+            (
                 ("x__staged__mutmut_5", "x__staged__mutmut_9"),
                 "shape[+1] for shape[-1]: _staged is only given 2-d lines (lines, length)",
             ),
