@@ -6,12 +6,14 @@ then:
     nice -n 15 .venv/bin/python scripts/mutation.py                  # every module in MODULES
     nice -n 15 .venv/bin/python scripts/mutation.py compose learning # modules whose path contains a word
     nice -n 15 .venv/bin/python scripts/mutation.py --survivors compose  # and list the survivors
+    .venv/bin/python scripts/mutation.py --report XD    # the table from what a stopped run left
 
 Each module runs in its own copy of the checkout under .mutation/<name>/ (git-ignored), where a
 generated setup.cfg tells mutmut to mutate that one file and to select from its test files only;
 a second run of the same module reuses mutmut's cache there. It prints, per module: mutants,
 killed, survived, timeout, the mutants judged equivalent (EQUIVALENT below, with the reason) and
-the score: killed / (mutants - equivalent).
+the score: killed / (mutants - equivalent); mutants a run stopped for time did not reach are left
+out (the mutants column then says how many ran of how many).
 """
 
 from __future__ import annotations
@@ -370,24 +372,28 @@ def _setup_cfg(module: str, tests: tuple[str, ...]) -> str:
 
 
 def run_module(
-    module: str, functions: tuple[str, ...], tests: tuple[str, ...], children: int
+    module: str, functions: tuple[str, ...], tests: tuple[str, ...], children: int, report: bool = False
 ) -> dict[str, str]:
-    """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant."""
+    """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant.
+    With `report`, nothing runs: the statuses a run left in .mutation/ (one stopped for time)."""
     work = WORK / module.replace("/", "_").removesuffix(".py")
-    work.mkdir(parents=True, exist_ok=True)
-    _copy_checkout(work)
-    tests = tuple(t for t in tests if (ROOT / t.split("::", 1)[0]).is_file())
-    (work / "setup.cfg").write_text(_setup_cfg(module, tests))
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     dotted = _in_package(module).removesuffix(".py").replace("/", ".")
-    patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
-    subprocess.run(
-        [*mutmut, "run", "--max-children", str(children), *patterns],
-        cwd=work,
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    if not report:
+        work.mkdir(parents=True, exist_ok=True)
+        _copy_checkout(work)
+        tests = tuple(t for t in tests if (ROOT / t.split("::", 1)[0]).is_file())
+        (work / "setup.cfg").write_text(_setup_cfg(module, tests))
+        patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
+        subprocess.run(
+            [*mutmut, "run", "--max-children", str(children), *patterns],
+            cwd=work,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+    elif not work.is_dir():
+        return {}
     out = subprocess.run(
         [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
     ).stdout
@@ -404,12 +410,15 @@ def main() -> int:
     parser.add_argument("words", nargs="*", help="run the modules whose path contains one of these")
     parser.add_argument("--survivors", action="store_true", help="list surviving mutants")
     parser.add_argument("--children", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--report", action="store_true", help="run nothing: the results left in .mutation/")
     args = parser.parse_args()
     chosen = [m for m in MODULES if not args.words or any(w in m or w in MODULES[m][0] for w in args.words)]
     rows = []
     for name in chosen:
         module, functions, tests = MODULES[name]
-        statuses = run_module(module, functions, tests, args.children)
+        statuses = run_module(module, functions, tests, args.children, args.report)
+        total = len(statuses)  # mutants a run stopped for time did not reach are left out below
+        statuses = {k: v for k, v in statuses.items() if v != "not checked"}
         equivalent = {m for (mod, m) in EQUIVALENT if mod == module and m in statuses}
         counted = {k: v for k, v in statuses.items() if k not in equivalent}
         killed = sum(v == "killed" for v in counted.values())
@@ -418,15 +427,16 @@ def main() -> int:
         other = sorted(f"{k} ({v})" for k, v in counted.items() if v not in ("killed", "survived", "timeout"))
         # a timeout is a mutant the tests stopped (usually an endless loop): it counts as killed
         score = (killed + timeout) / len(counted) if counted else float("nan")
-        rows.append((name, len(statuses), killed, len(survived), timeout, len(equivalent), score))
+        ran = f"{len(statuses)}/{total}" if len(statuses) < total else str(total)
+        rows.append((name, ran, killed, len(survived), timeout, len(equivalent), score))
         if args.survivors:
             for mutant in survived + other:
                 print(f"  {name}: {mutant}")
     print(
-        f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7} {'equiv':>5} {'score':>6}"
+        f"{'module':24} {'mutants':>9} {'killed':>6} {'survived':>8} {'timeout':>7} {'equiv':>5} {'score':>6}"
     )
     for module, n, killed, survived, timeout, equivalent, score in rows:
-        print(f"{module:24} {n:7} {killed:6} {survived:8} {timeout:7} {equivalent:5} {score:6.0%}")
+        print(f"{module:24} {n:>9} {killed:6} {survived:8} {timeout:7} {equivalent:5} {score:6.0%}")
     return 0
 
 
