@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import einspace.ops._xd_modules as xd_module
 from einspace.errors import EinspaceError, Infeasible
 from einspace.ops import canonical_args, get_op
-from einspace.ops._xd_modules import XDConv, butterfly, dft_twiddles
+from einspace.ops._xd_modules import XDConv, butterfly, butterfly_matrix, dft_twiddles
 from einspace.ops.xd import fourier_sizes, xd_flops, xd_parameter_count
 from einspace.state import COL, IM, FeatureState
 
@@ -227,3 +227,21 @@ def test_stage_by_stage_path_with_an_axis_of_one_point(monkeypatch) -> None:
     assert xd.fourier == (1, 8)
     x = torch.randn(2, 2, 1, 5, dtype=torch.float64)
     torch.testing.assert_close(xd(x), F.conv2d(x, weight, bias))
+
+
+def test_dense_path_with_an_axis_of_one_point() -> None:
+    assert butterfly_matrix(dft_twiddles(1), 1).dtype == torch.complex128
+    weight, bias = torch.randn(3, 2, 1, 1, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    xd = XDConv.from_conv(weight, bias, 1, 0, (5, 1))
+    x = torch.randn(2, 2, 5, 1, dtype=torch.float64)
+    torch.testing.assert_close(xd(x), F.conv2d(x, weight, bias))
+
+
+@pytest.mark.parametrize("path", ["dense", "blocked", "staged"])
+def test_every_path_keeps_to_the_parameters_device(monkeypatch, path: str) -> None:
+    """On the meta device (shapes only) every intermediate must be made there too."""
+    monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4 if path == "blocked" else 512)
+    monkeypatch.setattr(xd_module, "DENSE_MAX", 0 if path == "staged" else 2048)
+    xd = XDConv(2, 3, 3, (14, 6), padding=1, device="meta")  # 16 x 8: a square two-pass grid
+    y = xd(torch.empty(2, 2, 14, 6, device="meta"))
+    assert y.is_meta and y.shape == (2, 3, 14, 6)
