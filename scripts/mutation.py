@@ -262,6 +262,31 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "layout only: a product computed transposed, or a copy made or skipped; the same values",
             ),
             (
+                tuple(f"x__products__mutmut_{n}" for n in (13, 14, 15, 18)),
+                "layout only: which long, narrow products are computed transposed; the same values",
+            ),
+            (
+                (
+                    "x__complex_mm__mutmut_2",
+                    "x__to_back__mutmut_44",
+                    "x__to_front__mutmut_29",
+                    "xǁ_ComplexProductǁforward__mutmut_16",
+                ),
+                "real=None (falsy) or the imaginary part kept: extra work, the real part read is the same",
+            ),
+            (
+                ("x__to_back__mutmut_2", "x__to_back__mutmut_4"),
+                "the imaginary plane for the real one: on the K side both are present, of one shape",
+            ),
+            (
+                ("x__to_front__mutmut_41", "x__to_front__mutmut_49"),
+                "flattened before the final reshape to (-1, *rest): the same tensor",
+            ),
+            (
+                ("xǁ_ComplexProductǁforward__mutmut_2",),
+                "missing output gradients as zeros instead of None: the same sums plus zero terms",
+            ),
+            (
                 tuple(f"x_butterfly_blocks__mutmut_{n}" for n in (6, 7, 8)),
                 "another split of the stages between the two passes: the same factors regrouped",
             ),
