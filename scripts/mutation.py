@@ -262,6 +262,21 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "layout only: a product computed transposed, or a copy made or skipped; the same values",
             ),
             (
+                tuple(
+                    f"xǁXDConvǁ_butterflies__mutmut_{n}"
+                    for n in (11, 13, 14, 18, 21, 22, 52, 54, 59, 71, 76, 77)
+                ),
+                "zip(strict=...): one entry per axis and per butterfly (K, L, M) on every side",
+            ),
+            (
+                tuple(f"xǁXDConvǁ_butterflies__mutmut_{n}" for n in (47, 48, 49, 60, 81, 82, 86)),
+                "which path computes an axis (dense, two passes, stage by stage; tested equal): the speed",
+            ),
+            (
+                ("xǁXDConvǁ_diagonal__mutmut_104", "xǁXDConvǁ_diagonal__mutmut_105"),
+                "gates reshaped (1, -1) for (1, 1, -1): expand(earlier, 1, -1) adds the axis alike",
+            ),
+            (
                 tuple(f"x__products__mutmut_{n}" for n in (13, 14, 15, 18)),
                 "layout only: which long, narrow products are computed transposed; the same values",
             ),
@@ -269,6 +284,9 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 (
                     "x__complex_mm__mutmut_2",
                     "x__to_back__mutmut_44",
+                    "x__to_back__mutmut_91",
+                    "x__to_back__mutmut_104",
+                    "x__to_back__mutmut_107",
                     "x__to_front__mutmut_29",
                     "xǁ_ComplexProductǁforward__mutmut_16",
                 ),
