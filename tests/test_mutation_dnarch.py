@@ -154,14 +154,14 @@ def test_low_pass_cost_at_a_cut_below_one_point_counts_no_inverse_transform() ->
     kept = per_axis**2
     assert kept < 1
     costs = module.costs()
-    assert float(costs["flops"]) == pytest.approx(3 * (2.5 * 64 * 6 + 2 * 8 * 5), rel=1e-6)
-    assert float(costs["params"]) == 2
+    assert costs["flops"].item() == pytest.approx(3 * (2.5 * 64 * 6 + 2 * 8 * 5), rel=1e-6)
+    assert costs["params"].item() == 2
     with torch.no_grad():
         for mask in module.masks:
             mask.mu.fill_(0.5)  # 0.59 of each axis: 22.4 points
     kept = ((0.5 + math.log(9) / 25 + 1) / 2 * 8) ** 2
     flops = 3 * (2.5 * 64 * 6 + 2 * 8 * 5 + 2.5 * kept * math.log2(kept))
-    assert float(module.costs()["flops"]) == pytest.approx(flops, rel=1e-5)
+    assert module.costs()["flops"].item() == pytest.approx(flops, rel=1e-5)
     assert module.costs()["flops"].dtype == torch.float32
 
 
@@ -244,14 +244,14 @@ def test_a_target_up_to_1_is_a_fraction_of_the_nominal_cost_above_it_a_number(ta
     assert loss.target == pytest.approx(want)
     assert loss.metrics()["target"] == pytest.approx(want)
     # at the initial masks the width is the nominal 8 (clipped): the loss is (41 / target - 1)^2
-    assert float(loss.loss()) == pytest.approx((nominal / want - 1) ** 2, rel=1e-5)
+    assert loss.loss().item() == pytest.approx((nominal / want - 1) ** 2, rel=1e-5)
 
 
 def test_a_network_without_dnarch_terminals_has_a_constant_cost() -> None:
     network, checked = _single("leaky_relu", im(2, 3, 4))
     loss = build_network_loss("complexity", network, checked, {"target": 0.5})
     assert isinstance(loss.loss(), torch.Tensor)
-    assert float(loss.loss()) == pytest.approx(1.0)
+    assert loss.loss().item() == pytest.approx(1.0)
     assert loss.metrics() == {
         "flops_effective": 24.0,
         "params_effective": 0.0,
@@ -362,7 +362,7 @@ def test_a_fraction_may_set_a_target_of_one_or_less() -> None:
     network, checked = _single("dnarch_resolution", im(2, 4, 4))
     loss = build_network_loss("complexity", network, checked, {"target": 0.5, "measure": "params"})
     assert loss.target == 1.0
-    assert float(loss.loss()) == pytest.approx(1.0)
+    assert loss.loss().item() == pytest.approx(1.0)
 
 
 def test_mask_coordinates_are_not_saved() -> None:
