@@ -289,7 +289,7 @@ def test_kernel_masks_apply_per_axis() -> None:
     expected = F.conv2d(x, module.weight * h[:, None] * w[None, :], module.bias, padding=2)
     torch.testing.assert_close(module(x), expected)
     size = (2 * 0.3 * REACH / 2 * 5) * 5  # Eq. 9 per axis, the second clipped at 5
-    assert float(module.masked_size()) == pytest.approx(size)
+    assert module.masked_size().item() == pytest.approx(size)
 
 
 @pytest.mark.parametrize("state", [im(3, 4, 5), col(4, 3)], ids=str)
