@@ -6,12 +6,14 @@ then:
     nice -n 15 .venv/bin/python scripts/mutation.py                  # every module in MODULES
     nice -n 15 .venv/bin/python scripts/mutation.py compose learning # modules whose path contains a word
     nice -n 15 .venv/bin/python scripts/mutation.py --survivors compose  # and list the survivors
+    .venv/bin/python scripts/mutation.py --report XD    # the table from what a stopped run left
 
 Each module runs in its own copy of the checkout under .mutation/<name>/ (git-ignored), where a
 generated setup.cfg tells mutmut to mutate that one file and to select from its test files only;
 a second run of the same module reuses mutmut's cache there. It prints, per module: mutants,
 killed, survived, timeout, the mutants judged equivalent (EQUIVALENT below, with the reason) and
-the score: killed / (mutants - equivalent).
+the score: killed / (mutants - equivalent); mutants a run stopped for time did not reach are left
+out (the mutants column then says how many ran of how many).
 """
 
 from __future__ import annotations
@@ -50,6 +52,34 @@ _FAST_EXACT = tuple(
         "test_same_seed_same_trees_and_streams_continue",
         "test_a_grammar_that_derives_nothing_says_so",
         "test_impossible_limits_give_up_with_the_reasons",
+    )
+)
+
+#: The tests of tests/test_xd.py that take well under a second each (not: the two that train or
+#: mutate networks for several seconds; the 1024- and 2048-point comparisons are marked slow).
+_FAST_XD = tuple(
+    f"tests/test_xd.py::{name}"
+    for name in (
+        "test_butterfly_at_init_is_the_fft_of_the_zero_padded_axis",
+        "test_dense_matrix_multiplies_out_the_same_factors",
+        "test_two_pass_blocks_are_the_dense_matrix",
+        "test_butterfly_rejects_sizes_that_are_not_powers_of_two",
+        "test_warm_start_is_the_convolution_forward_and_backward",
+        "test_channels_last_is_the_convolution_over_tokens",
+        "test_stage_by_stage_path_is_the_convolution_too",
+        "test_two_pass_block_path_is_the_convolution_too",
+        "test_long_axis_is_the_convolution_in_float32",
+        "test_any_parameters_match_an_independent_complex_computation",
+        "test_float32_matches_the_reference_at_the_benchmark_sizes",
+        "test_gradcheck_in_float64",
+        "test_runs_in_full_precision_under_autocast",
+        "test_default_initialisation_is_a_fresh_convolution",
+        "test_parameter_count_by_hand",
+        "test_flops_by_hand",
+        "test_registry_contract",
+        "test_im_mode_matches_im2col_geometry",
+        "test_infeasible_where_the_kernel_does_not_fit",
+        "test_in_a_compiled_network",
     )
 )
 
@@ -93,12 +123,16 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (),
         (*_FAST_EXACT, "tests/test_mutation_exact.py"),
     ),
-    "XD ops": ("einspace/ops/xd.py", (), ("tests/test_xd.py",)),
-    "XD modules": ("einspace/ops/_xd_modules.py", (), ("tests/test_xd.py",)),
-    "NOS ops": ("einspace/ops/nos.py", (), ("tests/test_nos.py",)),
-    "NOS modules": ("einspace/ops/_nos_modules.py", (), ("tests/test_nos.py",)),
-    "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py",)),
-    "DNArch modules": ("einspace/ops/_dnarch_modules.py", (), ("tests/test_dnarch.py",)),
+    "XD ops": ("einspace/ops/xd.py", (), (*_FAST_XD, "tests/test_mutation_xd.py")),
+    "XD modules": ("einspace/ops/_xd_modules.py", (), (*_FAST_XD, "tests/test_mutation_xd.py")),
+    "NOS ops": ("einspace/ops/nos.py", (), ("tests/test_nos.py", "tests/test_mutation_nos.py")),
+    "NOS modules": ("einspace/ops/_nos_modules.py", (), ("tests/test_nos.py", "tests/test_mutation_nos.py")),
+    "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py", "tests/test_mutation_dnarch.py")),
+    "DNArch modules": (
+        "einspace/ops/_dnarch_modules.py",
+        (),
+        ("tests/test_dnarch.py", "tests/test_mutation_dnarch.py"),
+    ),
     "export": ("einspace/network/export/writer.py", (), ("tests/test_export.py",)),
     "fx import": ("einspace/network/importer/converter.py", (), ("tests/test_fx_import.py",)),
     "fx import layers": ("einspace/network/importer/layers.py", (), ("tests/test_fx_import.py",)),
@@ -112,6 +146,12 @@ _AT_TOLERANCE = (
     "differs only when a float sum lands exactly on 1 ± 1e-6, which no probabilities written with "
     "a few digits produce (1 - fl(1e-6) is not a double near 1)"
 )
+#: DNArch methods whose zip(strict=True) has three mutants (strict=None, False, left out): their numbers.
+_DNARCH_ZIPS = {
+    ("LowPass", "architecture_metrics"): (12, 16, 17),
+    ("ResidualStack", "forward"): (12, 16, 17),
+    ("MaskedConv", "architecture_metrics"): (4, 7, 14),
+}
 EQUIVALENT: dict[tuple[str, str], str] = {
     ("einspace/grammar/compose.py", "einspace.grammar.compose.x__add__mutmut_19"): _AT_TOLERANCE,  # <= -> <
     (
@@ -213,6 +253,117 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         )
         for n in numbers
     },
+    **{
+        ("einspace/ops/_xd_modules.py", f"einspace.ops._xd_modules.{name}"): why
+        for names, why in (
+            (
+                tuple(f"x__column_major__mutmut_{n}" for n in (1, 2, 5, 6, 7, 8, 9, 10, 11))
+                + tuple(f"x__unit_stride__mutmut_{n}" for n in (1, 2, 3, 4, 5, 6, 7, 10, 11)),
+                "layout only: a product computed transposed, or a copy made or skipped; the same values",
+            ),
+            (
+                tuple(
+                    f"xǁXDConvǁ_butterflies__mutmut_{n}"
+                    for n in (11, 13, 14, 18, 21, 22, 52, 54, 59, 71, 76, 77)
+                ),
+                "zip(strict=...): one entry per axis and per butterfly (K, L, M) on every side",
+            ),
+            (
+                tuple(f"xǁXDConvǁ_butterflies__mutmut_{n}" for n in (47, 48, 49, 60, 81, 82, 86)),
+                "which path computes an axis (dense, two passes, stage by stage; tested equal): the speed",
+            ),
+            (
+                ("xǁXDConvǁ_diagonal__mutmut_104", "xǁXDConvǁ_diagonal__mutmut_105"),
+                "gates reshaped (1, -1) for (1, 1, -1): expand(earlier, 1, -1) adds the axis alike",
+            ),
+            (
+                tuple(f"x__products__mutmut_{n}" for n in (13, 14, 15, 18)),
+                "layout only: which long, narrow products are computed transposed; the same values",
+            ),
+            (
+                (
+                    "x__complex_mm__mutmut_2",
+                    "x__to_back__mutmut_44",
+                    "x__to_back__mutmut_91",
+                    "x__to_back__mutmut_104",
+                    "x__to_back__mutmut_107",
+                    "x__to_front__mutmut_29",
+                    "xǁ_ComplexProductǁforward__mutmut_16",
+                ),
+                "real=None (falsy) or the imaginary part kept: extra work, the real part read is the same",
+            ),
+            (
+                ("x__to_back__mutmut_2", "x__to_back__mutmut_4"),
+                "the imaginary plane for the real one: on the K side both are present, of one shape",
+            ),
+            (
+                ("x__to_front__mutmut_41", "x__to_front__mutmut_49"),
+                "flattened before the final reshape to (-1, *rest): the same tensor",
+            ),
+            (
+                ("xǁ_ComplexProductǁforward__mutmut_2",),
+                "missing output gradients as zeros instead of None: the same sums plus zero terms",
+            ),
+            (
+                tuple(f"x_butterfly_blocks__mutmut_{n}" for n in (6, 7, 8)),
+                "another split of the stages between the two passes: the same factors regrouped",
+            ),
+            (
+                ("x__staged__mutmut_5", "x__staged__mutmut_9"),
+                "shape[+1] for shape[-1]: _staged is only given 2-d lines (lines, length)",
+            ),
+            (
+                ("x__two_passes__mutmut_7", "x__two_passes__mutmut_9"),
+                "every block row computed, not only those up to the last kept row: extra work, then cropped",
+            ),
+            (
+                ("x__two_passes__mutmut_24", "x__two_passes__mutmut_27"),
+                "the imaginary part computed too where only the real part is read: extra work",
+            ),
+        )
+        for name in names
+    },
+    ("einspace/ops/dnarch.py", "einspace.ops.dnarch.x_check_complexity_options__mutmut_1"): (
+        "default target 0.5 -> 1.5: the defaults are only checked (both > 0); the loss has its own"
+    ),
+    ("einspace/ops/nos.py", "einspace.ops.nos.xǁ_Calibratingǁ_check__mutmut_7"): (
+        "// -> / in `c // r < 1`: both hold exactly when c < r, for channel counts c >= 1"
+    ),
+    **{
+        ("einspace/ops/_nos_modules.py", f"einspace.ops._nos_modules.{name}"): why
+        for name, why in {
+            "x__conv1x1__mutmut_4": "bias=None for bias=False: both falsy, no bias either way",
+            "xǁSpatialAttentionǁ__init____mutmut_15": "bias=None for bias=False: both falsy, no bias",
+            "x__depthwise__mutmut_4": "kernel.shape[-2] for [-1]: the kernels are square (k, k)",
+            "x__depthwise__mutmut_18": "conv2d of a 3-d input is of one unbatched sample: the same sums",
+        }.items()
+    },
+    **{
+        ("einspace/ops/_dnarch_modules.py", f"einspace.ops._dnarch_modules.{name}"): why
+        for names, why in (
+            (
+                tuple(f"xǁ{c}ǁ{f}__mutmut_{n}" for (c, f), ns in _DNARCH_ZIPS.items() for n in ns),
+                "zip(strict=...): one entry per axis or block on every side, by construction",
+            ),
+            (
+                ("xǁGaussianMaskǁ__init____mutmut_4", "xǁSigmoidMaskǁ__init____mutmut_4"),
+                "persistent=None for False: register_buffer tests it for truth, non-persistent either way",
+            ),
+            (
+                ("xǁResidualStackǁforward__mutmut_6",),
+                "no block run on the meta device: only shapes exist there, and every block keeps the shape",
+            ),
+            (
+                ("xǁLowPassǁarchitecture_metrics__mutmut_28",),
+                "n / 2 for n // 2 (odd n): off by >= 0.5 only at the top frequency, where min(n, .) clips",
+            ),
+            (
+                ("x__threshold__mutmut_7",),
+                ">= -> > at T_m - 1e-6: differs only for a mask value of exactly fl32(0.1 - 1e-6)",
+            ),
+        )
+        for name in names
+    },
 }
 
 _STATUS = re.compile(r"^\s+(\S+): (.+)$")
@@ -264,24 +415,28 @@ def _setup_cfg(module: str, tests: tuple[str, ...]) -> str:
 
 
 def run_module(
-    module: str, functions: tuple[str, ...], tests: tuple[str, ...], children: int
+    module: str, functions: tuple[str, ...], tests: tuple[str, ...], children: int, report: bool = False
 ) -> dict[str, str]:
-    """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant."""
+    """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant.
+    With `report`, nothing runs: the statuses a run left in .mutation/ (one stopped for time)."""
     work = WORK / module.replace("/", "_").removesuffix(".py")
-    work.mkdir(parents=True, exist_ok=True)
-    _copy_checkout(work)
-    tests = tuple(t for t in tests if (ROOT / t.split("::", 1)[0]).is_file())
-    (work / "setup.cfg").write_text(_setup_cfg(module, tests))
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     dotted = _in_package(module).removesuffix(".py").replace("/", ".")
-    patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
-    subprocess.run(
-        [*mutmut, "run", "--max-children", str(children), *patterns],
-        cwd=work,
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    if not report:
+        work.mkdir(parents=True, exist_ok=True)
+        _copy_checkout(work)
+        tests = tuple(t for t in tests if (ROOT / t.split("::", 1)[0]).is_file())
+        (work / "setup.cfg").write_text(_setup_cfg(module, tests))
+        patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
+        subprocess.run(
+            [*mutmut, "run", "--max-children", str(children), *patterns],
+            cwd=work,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+    elif not work.is_dir():
+        return {}
     out = subprocess.run(
         [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
     ).stdout
@@ -298,12 +453,15 @@ def main() -> int:
     parser.add_argument("words", nargs="*", help="run the modules whose path contains one of these")
     parser.add_argument("--survivors", action="store_true", help="list surviving mutants")
     parser.add_argument("--children", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--report", action="store_true", help="run nothing: the results left in .mutation/")
     args = parser.parse_args()
     chosen = [m for m in MODULES if not args.words or any(w in m or w in MODULES[m][0] for w in args.words)]
     rows = []
     for name in chosen:
         module, functions, tests = MODULES[name]
-        statuses = run_module(module, functions, tests, args.children)
+        statuses = run_module(module, functions, tests, args.children, args.report)
+        total = len(statuses)  # mutants a run stopped for time did not reach are left out below
+        statuses = {k: v for k, v in statuses.items() if v != "not checked"}
         equivalent = {m for (mod, m) in EQUIVALENT if mod == module and m in statuses}
         counted = {k: v for k, v in statuses.items() if k not in equivalent}
         killed = sum(v == "killed" for v in counted.values())
@@ -312,15 +470,16 @@ def main() -> int:
         other = sorted(f"{k} ({v})" for k, v in counted.items() if v not in ("killed", "survived", "timeout"))
         # a timeout is a mutant the tests stopped (usually an endless loop): it counts as killed
         score = (killed + timeout) / len(counted) if counted else float("nan")
-        rows.append((name, len(statuses), killed, len(survived), timeout, len(equivalent), score))
+        ran = f"{len(statuses)}/{total}" if len(statuses) < total else str(total)
+        rows.append((name, ran, killed, len(survived), timeout, len(equivalent), score))
         if args.survivors:
             for mutant in survived + other:
                 print(f"  {name}: {mutant}")
     print(
-        f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7} {'equiv':>5} {'score':>6}"
+        f"{'module':24} {'mutants':>9} {'killed':>6} {'survived':>8} {'timeout':>7} {'equiv':>5} {'score':>6}"
     )
     for module, n, killed, survived, timeout, equivalent, score in rows:
-        print(f"{module:24} {n:7} {killed:6} {survived:8} {timeout:7} {equivalent:5} {score:6.0%}")
+        print(f"{module:24} {n:>9} {killed:6} {survived:8} {timeout:7} {equivalent:5} {score:6.0%}")
     return 0
 
 

@@ -113,11 +113,9 @@ def stack_costs(channels: int, positions: int, taps: int, blocks: Any) -> dict[s
 # ---------------------------------------------------------------- operations
 
 
-def _odd(low: int) -> Callable[[int], str | None]:
-    def check(value: int) -> str | None:
-        return None if value >= low and value % 2 else f"must be odd and >= {low}"
-
-    return check
+def _odd(low: int, value: int) -> str | None:
+    """An argument check (bound to `low` with partial, so that it runs at check time)."""
+    return None if value >= low and value % 2 else f"must be odd and >= {low}"
 
 
 def _positive(value: int) -> str | None:
@@ -159,7 +157,7 @@ class DNArchKernel(UnaryOperation):
     name = "dnarch_kernel"
     group = Group.COMPUTATION
     export_refusal = _NOT_EXPORTED
-    arguments = (Argument("k", int, _odd(3), "largest kernel size (odd)"), _D)
+    arguments = (Argument("k", int, partial(_odd, 3), "largest kernel size (odd)"), _D)
 
     def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
         channels, spatial = _fits(self, state, args["k"])
@@ -259,7 +257,7 @@ class DNArchDepth(UnaryOperation):
     export_refusal = _NOT_EXPORTED
     arguments = (
         Argument("blocks", int, _positive, "largest number of residual blocks"),
-        Argument("k", int, _odd(1), "kernel size of each block's convolution (odd)"),
+        Argument("k", int, partial(_odd, 1), "kernel size of each block's convolution (odd)"),
     )
 
     def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
