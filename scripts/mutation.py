@@ -53,6 +53,19 @@ _FAST_EXACT = tuple(
     )
 )
 
+#: The tests of tests/test_workers.py that reach einspace.evaluators.worker (not: the data
+#: cache, GPU shares, packing settings and the reaping of a dead driver's Ray).
+_WORKER_TESTS = tuple(
+    f"tests/test_workers.py::{name}"
+    for name in (
+        "test_a_worker_is_replaced_after_memory_and_cuda_errors_only",
+        "test_every_kind_of_poisoning_error_is_tested_alone",
+        "test_a_worker_is_replaced_after_each_kind_of_poisoning_error",
+        "test_a_worker_is_replaced_when_device_memory_grows_past_its_first_evaluation",
+        "test_the_gpu_share_travels_in_the_environment",
+    )
+)
+
 #: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
 #: cover it: the only ones mutmut may run for its mutants; a pytest node id `file::test` picks the
 #: fast tests of a file whose others train networks). A function is mutmut's mangled name
@@ -102,7 +115,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "export": ("einspace/network/export/writer.py", (), ("tests/test_export.py",)),
     "fx import": ("einspace/network/importer/converter.py", (), ("tests/test_fx_import.py",)),
     "fx import layers": ("einspace/network/importer/layers.py", (), ("tests/test_fx_import.py",)),
-    "workers": ("search/executors.py", (), ("tests/test_workers.py",)),
+    "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
 }
 
 #: (file, mutant name) -> why the mutant cannot change behaviour (not counted in the score).
