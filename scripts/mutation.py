@@ -66,6 +66,22 @@ _WORKER_TESTS = tuple(
     )
 )
 
+#: The tests of tests/test_export.py that run the exported code in this process (not: the
+#: agreement tests that run hundreds of networks, or one, in a fresh process: 5-60 s each).
+_FAST_EXPORT = tuple(
+    f"tests/test_export.py::{name}"
+    for name in (
+        "test_the_resnet18_export_reads_like_a_resnet",
+        "test_exported_mixer_keeps_its_activations_dense",
+        "test_the_vit_export_calls_scaled_dot_product_attention",
+        "test_figure_3_block_is_written_as_by_hand",
+        "test_terminals_without_a_plain_form_are_refused_by_name",
+        "test_weights_round_trip_through_a_weights_only_file",
+        "test_export_command_writes_the_file_and_weights",
+        "test_export_command_errors_exit_2_without_a_traceback",
+    )
+)
+
 #: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
 #: cover it: the only ones mutmut may run for its mutants; a pytest node id `file::test` picks the
 #: fast tests of a file whose others train networks). A function is mutmut's mangled name
@@ -112,7 +128,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "NOS modules": ("einspace/ops/_nos_modules.py", (), ("tests/test_nos.py",)),
     "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py",)),
     "DNArch modules": ("einspace/ops/_dnarch_modules.py", (), ("tests/test_dnarch.py",)),
-    "export": ("einspace/network/export/writer.py", (), ("tests/test_export.py",)),
+    "export": ("einspace/network/export/writer.py", (), _FAST_EXPORT),
     "fx import": ("einspace/network/importer/converter.py", (), ("tests/test_fx_import.py",)),
     "fx import layers": ("einspace/network/importer/layers.py", (), ("tests/test_fx_import.py",)),
     "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),

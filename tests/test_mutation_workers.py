@@ -70,9 +70,10 @@ def test_a_cuda_failure_after_the_evaluation_replaces_the_worker(device, monkeyp
         raise RuntimeError("CUDA error: " + "x" * 300 + "\nCompile with TORCH_USE_CUDA_DSA")
 
     monkeypatch.setattr(torch.cuda, "synchronize", fail)
-    assert worker.after_evaluation(None) == "replaced: CUDA failed after the evaluation: " + (
-        "CUDA error: " + "x" * 300
-    )[:200]
+    assert (
+        worker.after_evaluation(None)
+        == "replaced: CUDA failed after the evaluation: " + ("CUDA error: " + "x" * 300)[:200]
+    )
 
 
 def test_the_error_in_the_reason_is_cut_at_200_characters(device):
