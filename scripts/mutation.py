@@ -128,7 +128,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "NOS modules": ("einspace/ops/_nos_modules.py", (), ("tests/test_nos.py",)),
     "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py",)),
     "DNArch modules": ("einspace/ops/_dnarch_modules.py", (), ("tests/test_dnarch.py",)),
-    "export": ("einspace/network/export/writer.py", (), _FAST_EXPORT),
+    "export": ("einspace/network/export/writer.py", (), ("tests/test_mutation_export.py", *_FAST_EXPORT)),
     "fx import": ("einspace/network/importer/converter.py", (), ("tests/test_fx_import.py",)),
     "fx import layers": ("einspace/network/importer/layers.py", (), ("tests/test_fx_import.py",)),
     "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
