@@ -82,6 +82,39 @@ _FAST_EXPORT = tuple(
     )
 )
 
+#: The tests of tests/test_fx_import.py and tests/test_import_zoo.py that import a model in well
+#: under a second (not: the bigger seeds' reference models, the torchvision ResNet-18 with
+#: substitutes, the commands, the exports of searched and sampled trees).
+_FAST_IMPORT = (
+    *(
+        f"tests/test_fx_import.py::{name}"
+        for name in (
+            "test_reference_model_imports_to_the_bundled_seed[resnet_small]",
+            "test_reference_model_imports_to_the_bundled_seed[vit]",
+            "test_small_mixer_imports_and_computes_the_same",
+            "test_torchvision_resnet18_needs_the_max_pool_substituted",
+            "test_attention_imports_to_the_grammar_attention",
+            "test_conv_net_without_biases_computes_the_same",
+            "test_a_model_without_the_paper_head_imports_as_a_backbone",
+            "test_what_the_grammar_cannot_express_is_located",
+            "test_substitutes_are_used_when_asked_for_and_listed",
+            "test_a_given_grammar_is_the_one_obeyed",
+            "test_untraceable_model_is_an_error",
+        )
+    ),
+    *(
+        f"tests/test_import_zoo.py::{name}"
+        for name in (
+            "test_unfold_then_fold_imports_as_im2col_and_col2im",
+            "test_unfold_read_raw_is_im2col_then_a_swap",
+            "test_inference_identities_before_the_head_are_left_out",
+            "test_a_slice_before_the_head_is_named_as_the_cause",
+            "test_stochastic_depth_dropout_and_optional_arguments",
+            "test_zoo_models_import_exactly_with_their_weights",
+        )
+    ),
+)
+
 #: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
 #: cover it: the only ones mutmut may run for its mutants; a pytest node id `file::test` picks the
 #: fast tests of a file whose others train networks). A function is mutmut's mangled name
@@ -129,8 +162,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py",)),
     "DNArch modules": ("einspace/ops/_dnarch_modules.py", (), ("tests/test_dnarch.py",)),
     "export": ("einspace/network/export/writer.py", (), ("tests/test_mutation_export.py", *_FAST_EXPORT)),
-    "fx import": ("einspace/network/importer/converter.py", (), ("tests/test_fx_import.py",)),
-    "fx import layers": ("einspace/network/importer/layers.py", (), ("tests/test_fx_import.py",)),
+    "fx import": ("einspace/network/importer/converter.py", (), _FAST_IMPORT),
+    "fx import layers": ("einspace/network/importer/layers.py", (), _FAST_IMPORT),
     "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
 }
 

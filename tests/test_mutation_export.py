@@ -7,6 +7,8 @@ comparison on hundreds of sampled trees in a fresh process without einspace."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -278,6 +280,128 @@ CASES.update(
 )
 
 
+#: case -> the layers its class sets in __init__, each named by its kind and numbered.
+LAYERS: dict[str, list[str]] = {
+    "conv": ["self.conv1 = nn.Conv2d(4, 8, 3, 2, 1)", "self.norm1 = nn.BatchNorm2d(8)"],
+    "residual": [
+        "self.conv1 = nn.Conv2d(4, 4, 3, 1, 1)",
+        "self.norm1 = nn.BatchNorm2d(4)",
+        "self.residual1 = Residual()",
+    ],
+    "sum of four": [
+        "self.conv1 = nn.Conv2d(3, 4, 3, 1, 1)",
+        "self.conv2 = nn.Conv2d(3, 4, 3, 1, 1)",
+        "self.conv3 = nn.Conv2d(3, 4, 3, 1, 1)",
+        "self.conv4 = nn.Conv2d(3, 4, 3, 1, 1)",
+        "self.sum1 = Sum()",
+    ],
+    "dense": [
+        "self.conv1 = nn.Conv2d(3, 4, 3, 1, 1)",
+        "self.dense1 = Dense()",
+        "self.norm1 = nn.BatchNorm2d(7)",
+    ],
+    "concat width": [
+        "self.norm1 = nn.BatchNorm2d(2)",
+        "self.norm2 = nn.BatchNorm2d(2)",
+        "self.norm3 = nn.BatchNorm2d(2)",
+        "self.norm4 = nn.BatchNorm2d(2)",
+        "self.norm5 = nn.BatchNorm2d(2)",
+        "self.norm6 = nn.BatchNorm2d(2)",
+        "self.norm7 = nn.BatchNorm2d(2)",
+        "self.norm8 = nn.BatchNorm2d(2)",
+        "self.concat1 = Concat()",
+    ],
+    "grouped": [
+        "self.conv1 = nn.Conv2d(2, 3, 3, 1, 1)",
+        "self.conv2 = nn.Conv2d(2, 5, 1, 1, 0)",
+        "self.norm1 = nn.BatchNorm2d(8)",
+        "self.grouped_concat1 = GroupedConcat()",
+        "self.grouped_residual1 = GroupedResidual()",
+    ],
+    "product": [
+        "self.conv1 = nn.Conv2d(3, 3, 1, 1, 0)",
+        "self.norm1 = nn.BatchNorm2d(3)",
+        "self.product1 = Product()",
+        "self.product2 = Product2()",
+    ],
+    "routing": ["self.norm1 = nn.BatchNorm2d(6)", "self.norm2 = nn.LayerNorm(27)"],
+    "unfold strided": ["self.norm1 = nn.LayerNorm(18)"],
+    "channel linears": [
+        "self.conv1 = nn.Conv2d(3, 10, 1, 1, 0)",
+        "self.convs1 = nn.ModuleList(nn.Conv2d(10, 5, 1) for _ in range(2))",
+        "self.conv2 = nn.Conv2d(5, 7, 1, 1, 0)",
+    ],
+    "token linears": [
+        "self.linear1 = nn.Linear(8, 10)",
+        "self.linears1 = nn.ModuleList(nn.Linear(10, 5) for _ in range(4))",
+        "self.linears2 = nn.ModuleList(nn.Linear(5, 3) for _ in range(2))",
+    ],
+    "tokens": [
+        "self.position1 = nn.Parameter(torch.randn(1, 6, 8) * 0.02)",
+        "self.linear1 = nn.Linear(8, 16)",
+        "self.norm1 = nn.LayerNorm(16)",
+    ],
+    "image position": ["self.position1 = nn.Parameter(torch.randn(1, 2, 3, 4) * 0.02)"],
+    "patches": ["self.conv1 = nn.Conv2d(3, 8, 4, 4, 0)", "self.norm1 = nn.LayerNorm(8)"],
+    "attention": ["self.qkv = nn.Linear(8, 24)", "self.attention1 = Attention()"],
+    "scaled attention": ["self.qkv = nn.Linear(8, 24)", "self.attention1 = Attention()"],
+    "attention written out": [
+        "self.linear1 = nn.Linear(8, 8)",
+        "self.linear2 = nn.Linear(8, 8)",
+        "self.linear3 = nn.Linear(8, 8)",
+        "self.attention1 = Attention()",
+    ],
+    "heads concatenated": [
+        "self.qkv = nn.Linear(8, 24)",
+        "self.attention1 = MultiHeadAttention()",
+        "self.linear1 = nn.Linear(8, 8)",
+    ],
+    "heads added": ["self.qkv = nn.Linear(8, 48)", "self.attention1 = MultiHeadAttention()"],
+    "heads joined": ["self.qkv = nn.Linear(8, 24)", "self.attention1 = MultiHeadAttention()"],
+    "heads scaled": ["self.qkv = nn.Linear(8, 48)", "self.attention1 = MultiHeadAttention()"],
+    "unscaled scores": ["self.qkv = nn.Linear(8, 24)", "self.attention1 = Attention()"],
+    "written out, scaled": [
+        "self.linear1 = nn.Linear(8, 8)",
+        "self.linear2 = nn.Linear(8, 8)",
+        "self.linear3 = nn.Linear(8, 8)",
+        "self.attention1 = Attention()",
+    ],
+    "calibrations": [
+        "self.conv1 = nn.Conv2d(3, 16, 3, 1, 1)",
+        "self.channel_attention1 = ChannelAttention(16, 16)",
+        "self.spatial_attention1 = SpatialAttention(16)",
+        "self.dynamic_kernel1 = DynamicKernel(16, 16, 3)",
+    ],
+    "calibrated pairs": [
+        "self.conv1 = nn.Conv2d(16, 16, 3, 1, 1)",
+        "self.conv2 = nn.Conv2d(16, 16, 1, 1, 0)",
+        "self.channel_attention1 = ChannelAttention(16, 16)",
+        "self.norm1 = nn.BatchNorm2d(16)",
+        "self.spatial_attention1 = SpatialAttention(16)",
+        "self.conv1 = nn.Conv2d(16, 16, 3, 1, 1)",
+        "self.dynamic_kernel1 = DynamicKernel(16, 16, 5)",
+        "self.conv1 = nn.Conv2d(3, 16, 3, 1, 1)",
+        "self.calibrated1 = Calibrated()",
+        "self.calibrated2 = Calibrated2()",
+        "self.calibrated3 = Calibrated3()",
+    ],
+    "xd image": ["self.xd1 = XD(4, 6, 3, 2, 1, 8, 9)"],
+    "xd tokens": ["self.xd1 = XD(4, 6, 3, 1, 1, 10, channels_last=True)"],
+    "zoo convolutions": [
+        "self.conv1 = nn.Conv2d(3, 8, 3, 1, 1)",
+        "self.depthwise1 = nn.Conv2d(8, 8, 5, 2, 2, groups=8)",
+        "self.grouped1 = nn.Conv2d(8, 8, 3, 1, 1, groups=4)",
+        "self.squeeze1 = nn.Conv2d(8, 2, 1)",
+        "self.excite1 = nn.Conv2d(2, 8, 1)",
+        "self.squeeze2 = nn.Conv2d(8, 2, 1)",
+        "self.excite2 = nn.Conv2d(2, 8, 1)",
+        "self.scale1 = nn.Parameter(torch.full((8, 1, 1), 0.1))",
+        "self.norm1 = nn.LayerNorm(8, eps=1e-06)",
+    ],
+    "token scale": ["self.scale1 = nn.Parameter(torch.full((6,), 0.1))"],
+}
+
+
 def _randomised(network: nn.Module) -> nn.Module:
     """float64, and every parameter and floating buffer drawn at random (variances positive)."""
     network = network.double()
@@ -290,16 +414,14 @@ def _randomised(network: nn.Module) -> nn.Module:
     return network
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_exported_class_computes_what_the_network_does(case: str):
-    tree, shape, lines = CASES[case]
+def _agrees(tree: arch.Module, shape: tuple[int, ...], what: str) -> str:
+    """The exported class, run here with the exported state, computes what the compiled network
+    does (eval and train, the same parameter count); its source."""
     checked = check_tree(arch.network(tree), None, input_state(shape))
     network = _randomised(compile_network(checked, classes=3))
     exported = export_networks({"Net": network})
-    for line in lines:
-        assert line in exported.source, line
     namespace: dict = {}
-    exec(compile(exported.source, f"{case}.py", "exec"), namespace)
+    exec(compile(exported.source, f"{what}.py", "exec"), namespace)
     model = namespace["Net"]().double()
     model.load_state_dict(exported.state_dicts["Net"], strict=True)
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in network.parameters())
@@ -312,8 +434,65 @@ def test_the_exported_class_computes_what_the_network_does(case: str):
             torch.manual_seed(2)
             got = model(x)
         torch.testing.assert_close(
-            got, wanted, rtol=1e-9, atol=1e-9, msg=lambda m, train=train: f"{case} train={train}: {m}"
+            got, wanted, rtol=1e-9, atol=1e-9, msg=lambda m, train=train: f"{what} train={train}: {m}"
         )
+    return exported.source
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_exported_class_computes_what_the_network_does(case: str):
+    tree, shape, lines = CASES[case]
+    source = _agrees(tree, shape, case)
+    for line in [*lines, *(f"        {layer}" for layer in LAYERS.get(case, ()))]:
+        assert line in source, line
+
+
+def _c8(name: str, **args) -> Callable[[int], arch.Module]:
+    return lambda width: _c(name, **args)
+
+
+#: name -> (the block of a given width, input, the shared block's constructor).
+SHARED = {
+    "norm": (lambda w: arch.norm(), (8, 4, 4), "channels: int"),
+    "conv": (lambda w: arch.conv(w), (8, 4, 4), "channels: int"),
+    "depthwise": (_c8("depthwise_conv", k=3, s=1, p=1), (8, 4, 4), "channels: int"),
+    "grouped": (
+        lambda w: _c("grouped_conv", g=w // 4, k=3, s=1, p=1),
+        (8, 4, 4),
+        "channels: int, groups: int",
+    ),
+    "squeeze": (_c8("squeeze_excite", r=4, act="relu"), (8, 4, 4), "channels: int, squeezed: int"),
+    "scale": (_c8("layer_scale"), (8, 4, 4), "features: int"),
+    "channel norm": (_c8("channel_norm"), (8, 4, 4), "channels: int"),
+    "position": (lambda w: arch.pos_enc(), (8, 4, 4), "channels: int"),
+    "xd": (lambda w: _c("xd", d=w, k=3, s=1, p=1), (8, 4, 4), "channels: int"),
+    "channel linear": (lambda w: arch.linear(w), (8, 4, 4), "channels: int"),
+    "token linear": (lambda w: arch.linear(w), (5, 8), "features: int"),
+    "token position": (lambda w: arch.pos_enc(), (5, 8), "features: int"),
+    "token norm": (lambda w: arch.norm(), (5, 8), "features: int"),
+    "branch linears": (
+        lambda w: branching(clone2, [arch.linear(w), arch.linear(w)], op("add")),
+        (5, 8),
+        "features: int",
+    ),
+    "branch convs": (
+        lambda w: branching(clone2, [arch.linear(w), arch.linear(w)], op("add")),
+        (8, 4, 4),
+        "channels: int",
+    ),
+    "token scale": (_c8("layer_scale"), (5, 8), "features: int"),
+}
+
+
+@pytest.mark.parametrize("case", list(SHARED))
+def test_a_block_used_at_two_widths_is_one_class_taking_them(case: str):
+    """The sizes that differ between uses of a class become its constructor's arguments, named
+    by their role."""
+    make, shape, arguments = SHARED[case]
+    tree = seq(arch.residual(make(8)), arch.linear(16), arch.residual(make(16)))
+    source = _agrees(tree, shape, case)
+    assert source.count("class Residual") == 1
+    assert f"    def __init__(self, {arguments}) -> None:" in source
 
 
 def test_the_classes_are_named_for_their_sizes_and_documented():
