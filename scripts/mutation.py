@@ -6,6 +6,7 @@ then:
     nice -n 15 .venv/bin/python scripts/mutation.py                  # every module in MODULES
     nice -n 15 .venv/bin/python scripts/mutation.py compose learning # modules whose path contains a word
     nice -n 15 .venv/bin/python scripts/mutation.py --survivors compose  # and list the survivors
+    nice -n 15 .venv/bin/python scripts/mutation.py --again compose  # the survivors only, after new tests
 
 Each module runs in its own copy of the checkout under .mutation/<name>/ (git-ignored), where a
 generated setup.cfg tells mutmut to mutate that one file and to select from its test files only;
@@ -325,10 +326,23 @@ def _setup_cfg(module: str, tests: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _results(work: Path, env: dict[str, str]) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return {m.group(1): m.group(2).strip() for m in map(_STATUS.match, out.splitlines()) if m}
+
+
 def run_module(
-    module: str, functions: tuple[str, ...], tests: tuple[str, ...], children: int
+    module: str, functions: tuple[str, ...], tests: tuple[str, ...], children: int, again: bool = False
 ) -> dict[str, str]:
-    """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant."""
+    """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant.
+    With `again`, only the mutants a previous run left alive (survived, or reached by no test) run
+    again, with the tests as they are now: tests added since kill more, never fewer."""
     work = WORK / module.replace("/", "_").removesuffix(".py")
     work.mkdir(parents=True, exist_ok=True)
     _copy_checkout(work)
@@ -338,34 +352,41 @@ def run_module(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     dotted = _in_package(module).removesuffix(".py").replace("/", ".")
     patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
+    if again:
+        alive = [k for k, v in _results(work, env).items() if v in ("survived", "no tests")]
+        if not alive:
+            return _filtered(_results(work, env), dotted, functions)
+        (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # which tests reach what
+        patterns = alive
     subprocess.run(
         [*mutmut, "run", "--max-children", str(children), *patterns],
         cwd=work,
         env=env,
         stdout=subprocess.DEVNULL,
     )
-    out = subprocess.run(
-        [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
-    ).stdout
-    statuses = {m.group(1): m.group(2).strip() for m in map(_STATUS.match, out.splitlines()) if m}
-    if functions:
-        statuses = {
-            k: v for k, v in statuses.items() if any(f"{dotted}.{f}__mutmut_" in k for f in functions)
-        }
-    return statuses
+    return _filtered(_results(work, env), dotted, functions)
+
+
+def _filtered(statuses: dict[str, str], dotted: str, functions: tuple[str, ...]) -> dict[str, str]:
+    if not functions:
+        return statuses
+    return {k: v for k, v in statuses.items() if any(f"{dotted}.{f}__mutmut_" in k for f in functions)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("words", nargs="*", help="run the modules whose path contains one of these")
     parser.add_argument("--survivors", action="store_true", help="list surviving mutants")
+    parser.add_argument(
+        "--again", action="store_true", help="run only the mutants left alive before, with today's tests"
+    )
     parser.add_argument("--children", type=int, default=2, help="mutants run at once (default 2)")
     args = parser.parse_args()
     chosen = [m for m in MODULES if not args.words or any(w in m or w in MODULES[m][0] for w in args.words)]
     rows = []
     for name in chosen:
         module, functions, tests = MODULES[name]
-        statuses = run_module(module, functions, tests, args.children)
+        statuses = run_module(module, functions, tests, args.children, args.again)
         equivalent = {m for (mod, m) in EQUIVALENT if mod == module and m in statuses}
         counted = {k: v for k, v in statuses.items() if k not in equivalent}
         killed = sum(v == "killed" for v in counted.values())
