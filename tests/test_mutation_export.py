@@ -567,3 +567,70 @@ def test_a_sequence_of_a_split_its_branches_and_more_is_written_in_order():
     assert branches
     out = writer.sequence(scope, [_modules.Clone(2), branches[0], _modules.Add()], "x", "x")
     assert out == "x" and scope.lines == ["x = self.residual1(x)"]
+
+
+#: name -> (the two branches' operation at the first use, at the second, input, the constructor).
+PAIRS = {
+    "depthwise": (
+        _c("depthwise_conv", k=3, s=1, p=1),
+        _c("depthwise_conv", k=5, s=2, p=2),
+        (8, 8, 8),
+        "kernel_size: int, stride: int, padding: int",
+    ),
+    "grouped": (
+        _c("grouped_conv", g=2, k=3, s=1, p=1),
+        _c("grouped_conv", g=4, k=5, s=2, p=2),
+        (8, 8, 8),
+        "groups: int, kernel_size: int, stride: int, padding: int",
+    ),
+    "conv": (
+        arch.conv(8, 3, 1),
+        arch.conv(8, 5, 2),
+        (8, 8, 8),
+        "kernel_size: int, stride: int, padding: int",
+    ),
+    "xd": (
+        _c("xd", d=8, k=3, s=1, p=1),
+        _c("xd", d=8, k=5, s=2, p=2),
+        (8, 8, 8),
+        "kernel_size: int, stride: int, padding: int",
+    ),
+    "xd at two sizes": (
+        _c("xd", d=8, k=3, s=2, p=1),
+        _c("xd", d=8, k=3, s=1, p=1),
+        (8, 8, 8),
+        "stride: int, height: int, width: int",
+    ),
+    "xd over tokens": (
+        _c("xd", d=8, k=4, s=2, p=1),
+        _c("xd", d=8, k=3, s=1, p=1),
+        (8, 8),
+        "kernel_size: int, stride: int, length: int",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PAIRS))
+def test_kernels_strides_and_sizes_that_differ_between_uses_are_arguments(case: str):
+    first, second, shape, arguments = PAIRS[case]
+    tree = seq(branching(clone2, [first, first], op("add")), branching(clone2, [second, second], op("add")))
+    source = _agrees(tree, shape, case)
+    assert source.count("class Residual") == 1
+    assert f"    def __init__(self, {arguments}) -> None:" in source
+
+
+@pytest.mark.parametrize(
+    "between, shape, arguments",
+    [
+        (arch.conv(8, 3, 2), (8, 8, 6), "height: int, width: int"),
+        (
+            branching(clone2, [arch.identity(), arch.identity()], op("concat", dim=1, b=2)),
+            (5, 8),
+            "tokens: int",
+        ),
+    ],
+)
+def test_a_positional_encoding_at_two_sizes_takes_them(between, shape, arguments):
+    tree = seq(arch.residual(arch.pos_enc()), between, arch.residual(arch.pos_enc()))
+    source = _agrees(tree, shape, "position")
+    assert f"    def __init__(self, {arguments}) -> None:" in source
