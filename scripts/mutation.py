@@ -163,8 +163,16 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py",)),
     "DNArch modules": ("einspace/ops/_dnarch_modules.py", (), ("tests/test_dnarch.py",)),
     "export": ("einspace/network/export/writer.py", (), ("tests/test_mutation_export.py", *_FAST_EXPORT)),
-    "fx import": ("einspace/network/importer/converter.py", (), _FAST_IMPORT),
-    "fx import layers": ("einspace/network/importer/layers.py", (), _FAST_IMPORT),
+    "fx import": (
+        "einspace/network/importer/converter.py",
+        (),
+        ("tests/test_mutation_import.py", *_FAST_IMPORT),
+    ),
+    "fx import layers": (
+        "einspace/network/importer/layers.py",
+        (),
+        ("tests/test_mutation_import.py", *_FAST_IMPORT),
+    ),
     "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
 }
 
@@ -353,7 +361,7 @@ def run_module(
     dotted = _in_package(module).removesuffix(".py").replace("/", ".")
     patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
     if again:
-        alive = [k for k, v in _results(work, env).items() if v in ("survived", "no tests")]
+        alive = [k for k, v in _results(work, env).items() if v in ("survived", "no tests", "not checked")]
         if not alive:
             return _filtered(_results(work, env), dotted, functions)
         (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # which tests reach what
