@@ -284,6 +284,30 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         )
         for n in numbers
     },
+    **{
+        ("einspace/network/export/writer.py", f"einspace.network.export.writer.{name}"): why
+        for names, why in (
+            (
+                (
+                    *(f"x__conv_slots__mutmut_{n}" for n in (7, 10, 11)),
+                    *(f"x__branch_linear__mutmut_{n}" for n in (58, 61, 62)),
+                    *(f"x__positional__mutmut_{n}" for n in (37, 40, 41)),
+                    *(f"x__xd__mutmut_{n}" for n in (26, 29, 30)),
+                ),
+                "zip(strict=...): equal lengths by construction (a role per size, a weight per linear)",
+            ),
+            (
+                ("x__branch_linear__mutmut_3",),
+                "linears[1].in_features: lowering fuses only branches of one input width",
+            ),
+            (
+                ("x__branch_linear__mutmut_4",),
+                "linears[1].out_features: d is read only where branches are added or joined along the "
+                "tokens, which needs equal widths",
+            ),
+        )
+        for name in names
+    },
 }
 
 _STATUS = re.compile(r"^\s+(\S+): (.+)$")
