@@ -297,6 +297,30 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "zip(strict=...): equal lengths by construction (a role per size, a weight per linear)",
             ),
             (
+                tuple(f"xǁWriterǁbranching__mutmut_{n}" for n in (34, 37, 38)),
+                "zip(strict=...): a start per branch by construction",
+            ),
+            (
+                (
+                    *(f"xǁWriterǁbranching__mutmut_{n}" for n in (3, 4, 7, 8)),
+                    "xǁWriterǁattention__mutmut_4",
+                    "xǁWriterǁattention__mutmut_10",
+                ),
+                "a placeholder kind or docstring, set before the block is used",
+            ),
+            (
+                ("xǁWriterǁfused_heads__mutmut_26", "xǁWriterǁnetwork__mutmut_33"),
+                "numbered=None is falsy like False",
+            ),
+            (
+                ("xǁWriterǁfused_heads__mutmut_7", "xǁWriterǁfused_heads__mutmut_12"),
+                "the key's projection for the query's: q and k have the same widths in and out",
+            ),
+            (
+                ("xǁWriterǁnetwork__mutmut_24", "xǁWriterǁnetwork__mutmut_25"),
+                "a network's class has one instance: its head's width is never a constructor argument",
+            ),
+            (
                 ("x__branch_linear__mutmut_3",),
                 "linears[1].in_features: lowering fuses only branches of one input width",
             ),

@@ -15,6 +15,7 @@ from torch import nn
 
 from einspace import check_tree, compile_network
 from einspace.errors import EinspaceError
+from einspace.network.compiler import Branches
 from einspace.network.export import export_networks
 from einspace.network.export.parts import Instance
 from einspace.network.export.writer import Writer
@@ -60,6 +61,11 @@ CASES: dict[str, tuple[arch.Module, tuple[int, ...], tuple[str, ...]]] = {
         seq(branching(op("clone", b=4), arch.conv(4), op("add")), arch.identity()),
         (3, 5, 5),
         ('"""Four branches of x, added."""', "return x1 + x2 + x3 + x4", "class Sum("),
+    ),
+    "sum of three": (
+        seq(branching(op("clone", b=3), arch.norm(), op("add")), arch.identity()),
+        (3, 5, 5),
+        ('"""3 branches of x, added."""',),
     ),
     "dense": (
         seq(branching(clone2, [arch.identity(), arch.conv(4)], op("concat", dim=1, b=2)), arch.norm()),
@@ -152,7 +158,11 @@ CASES: dict[str, tuple[arch.Module, tuple[int, ...], tuple[str, ...]]] = {
     "attention": (
         seq(_attention(8), arch.identity()),
         (5, 8),
-        ("x = F.scaled_dot_product_attention(q, k, v)", "q, k, v = self.qkv(x).split([8, 8, 8], dim=-1)"),
+        (
+            "x = F.scaled_dot_product_attention(q, k, v)",
+            "q, k, v = self.qkv(x).split([8, 8, 8], dim=-1)",
+            '"""Self-attention, 1 head of 8: one qkv projection."""',
+        ),
     ),
     "scaled attention": (
         seq(_attention(8, outer=True), arch.identity()),
@@ -524,7 +534,9 @@ def test_a_module_export_does_not_know_is_refused_by_its_type():
     network = _network()
     network.backbone = nn.Sequential(nn.Tanh())
     with pytest.raises(
-        EinspaceError, match=r"export cannot write a Tanh module as plain PyTorch \(an operation"
+        EinspaceError,
+        match=r"export cannot write a Tanh module as plain PyTorch \(an operation that declares "
+        r"`exportable = True` must build modules export knows\)",
     ):
         export_networks({"Net": network})
 
@@ -534,6 +546,7 @@ def test_a_module_export_does_not_know_is_refused_by_its_type():
     [
         ([_modules.Clone(2)], "export needs a Clone followed by branches and an aggregation"),
         ([_modules.Clone(2), nn.Identity(), nn.Identity()], "export needs a Clone followed by branches"),
+        ([_modules.Clone(2), Branches([nn.Identity(), nn.Identity()])], "export needs a Clone followed by"),
         (
             [_modules.GroupDim(1, 2), nn.ModuleList([nn.Identity(), nn.Identity()])],
             "export needs a GroupDim followed by branches and an aggregation",
