@@ -243,6 +243,18 @@ EXACT = {
         PAPER,
         arch.conv(16, 3, 1),
     ),
+    "unfold positional": (
+        Fn(lambda m, x: m.layers["lin"](F.unfold(x, 3, 1, 1, 2).transpose(1, 2)), lin=nn.Linear(36, 16)),
+        IMAGE,
+        PAPER,
+        arch.routing(op("im2col", k=3, s=2, p=1), arch.linear(16), "identity"),
+    ),
+    "unfold defaults": (
+        Fn(lambda m, x: m.layers["lin"](F.unfold(x, kernel_size=1).transpose(1, 2)), lin=nn.Linear(4, 16)),
+        IMAGE,
+        PAPER,
+        arch.routing(op("im2col", k=1, s=1, p=0), arch.linear(16), "identity"),
+    ),
     "image to tokens": (
         Fn(lambda m, x: m.layers["lin"](x.flatten(2).transpose(1, 2)), lin=nn.Linear(4, 16)),
         IMAGE,
@@ -503,6 +515,24 @@ REFUSED = {
         PAPER,
         "an unfold with dilation, or unequal sizes along height and width",
     ),
+    "dilated unfold, positional": (
+        Fn(lambda m, x: F.unfold(x, 3, 2, 2, 1).transpose(1, 2)),
+        IMAGE,
+        PAPER,
+        "an unfold with dilation, or unequal sizes along height and width",
+    ),
+    "unequal unfold stride": (
+        Fn(lambda m, x: F.unfold(x, 2, stride=(2, 1)).transpose(1, 2)),
+        IMAGE,
+        PAPER,
+        "an unfold with dilation, or unequal sizes along height and width",
+    ),
+    "layer scale outside the grammar": (
+        Fn(lambda m, x: x * m.tensors["g"], {"g": torch.randn(16)}),
+        TOKENS,
+        PAPER,
+        "the grammar",
+    ),
     "unequal unfold": (
         Fn(lambda m, x: F.unfold(x, (3, 1), padding=(1, 0)).transpose(1, 2)),
         IMAGE,
@@ -555,7 +585,7 @@ REFUSED = {
         nn.Sequential(nn.LayerNorm(6), nn.Identity()),
         IMAGE,
         PAPER,
-        "norm in col mode",
+        "the grammar's norm in col mode is a LayerNorm over the last axis of [B, S, D]",
     ),
     "channel norm without weights": (
         Fn(
@@ -604,7 +634,7 @@ REFUSED = {
         nn.Sequential(nn.Linear(16, 16), nn.Identity()),
         TOKENS,
         "narrow",
-        "has no linear layer",
+        "the grammar",
     ),
 }
 
@@ -618,7 +648,7 @@ def test_what_the_rules_cannot_express_is_refused(case, tmp_path):
         grammar = load_grammar(str(path))
     with pytest.raises(ModelImportError) as caught:
         import_model(model, input_state(shape), grammar, substitute=True)
-    assert fragment in str(caught.value)
+    assert f"\n  {fragment}" in str(caught.value)  # the problem, on a line of its own after the place
 
 
 def test_helpers_of_the_layer_rules():
