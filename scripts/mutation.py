@@ -7,6 +7,7 @@ then:
     nice -n 15 .venv/bin/python scripts/mutation.py compose learning # modules whose path contains a word
     nice -n 15 .venv/bin/python scripts/mutation.py --survivors compose  # and list the survivors
     .venv/bin/python scripts/mutation.py --report XD    # the table from what a stopped run left
+    nice -n 15 .venv/bin/python scripts/mutation.py --again compose  # the survivors only, after new tests
 
 Each module runs in its own copy of the checkout under .mutation/<name>/ (git-ignored), where a
 generated setup.cfg tells mutmut to mutate that one file and to select from its test files only;
@@ -83,6 +84,68 @@ _FAST_XD = tuple(
     )
 )
 
+#: The tests of tests/test_workers.py that reach einspace.evaluators.worker (not: the data
+#: cache, GPU shares, packing settings and the reaping of a dead driver's Ray).
+_WORKER_TESTS = tuple(
+    f"tests/test_workers.py::{name}"
+    for name in (
+        "test_a_worker_is_replaced_after_memory_and_cuda_errors_only",
+        "test_every_kind_of_poisoning_error_is_tested_alone",
+        "test_a_worker_is_replaced_after_each_kind_of_poisoning_error",
+        "test_a_worker_is_replaced_when_device_memory_grows_past_its_first_evaluation",
+        "test_the_gpu_share_travels_in_the_environment",
+    )
+)
+
+#: The tests of tests/test_export.py that run the exported code in this process (not: the
+#: agreement tests that run hundreds of networks, or one, in a fresh process: 5-60 s each).
+_FAST_EXPORT = tuple(
+    f"tests/test_export.py::{name}"
+    for name in (
+        "test_the_resnet18_export_reads_like_a_resnet",
+        "test_exported_mixer_keeps_its_activations_dense",
+        "test_the_vit_export_calls_scaled_dot_product_attention",
+        "test_figure_3_block_is_written_as_by_hand",
+        "test_terminals_without_a_plain_form_are_refused_by_name",
+        "test_weights_round_trip_through_a_weights_only_file",
+        "test_export_command_writes_the_file_and_weights",
+        "test_export_command_errors_exit_2_without_a_traceback",
+    )
+)
+
+#: The tests of tests/test_fx_import.py and tests/test_import_zoo.py that import a model in well
+#: under a second (not: the bigger seeds' reference models, the torchvision ResNet-18 with
+#: substitutes, the commands, the exports of searched and sampled trees).
+_FAST_IMPORT = (
+    *(
+        f"tests/test_fx_import.py::{name}"
+        for name in (
+            "test_reference_model_imports_to_the_bundled_seed[resnet_small]",
+            "test_reference_model_imports_to_the_bundled_seed[vit]",
+            "test_small_mixer_imports_and_computes_the_same",
+            "test_torchvision_resnet18_needs_the_max_pool_substituted",
+            "test_attention_imports_to_the_grammar_attention",
+            "test_conv_net_without_biases_computes_the_same",
+            "test_a_model_without_the_paper_head_imports_as_a_backbone",
+            "test_what_the_grammar_cannot_express_is_located",
+            "test_substitutes_are_used_when_asked_for_and_listed",
+            "test_a_given_grammar_is_the_one_obeyed",
+            "test_untraceable_model_is_an_error",
+        )
+    ),
+    *(
+        f"tests/test_import_zoo.py::{name}"
+        for name in (
+            "test_unfold_then_fold_imports_as_im2col_and_col2im",
+            "test_unfold_read_raw_is_im2col_then_a_swap",
+            "test_inference_identities_before_the_head_are_left_out",
+            "test_a_slice_before_the_head_is_named_as_the_cause",
+            "test_stochastic_depth_dropout_and_optional_arguments",
+            "test_zoo_models_import_exactly_with_their_weights",
+        )
+    ),
+)
+
 #: name -> (the file to mutate, the functions to mutate in it or () for all, the test files that
 #: cover it: the only ones mutmut may run for its mutants; a pytest node id `file::test` picks the
 #: fast tests of a file whose others train networks). A function is mutmut's mangled name
@@ -133,10 +196,18 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (),
         ("tests/test_dnarch.py", "tests/test_mutation_dnarch.py"),
     ),
-    "export": ("einspace/network/export/writer.py", (), ("tests/test_export.py",)),
-    "fx import": ("einspace/network/importer/converter.py", (), ("tests/test_fx_import.py",)),
-    "fx import layers": ("einspace/network/importer/layers.py", (), ("tests/test_fx_import.py",)),
-    "workers": ("search/executors.py", (), ("tests/test_workers.py",)),
+    "export": ("einspace/network/export/writer.py", (), ("tests/test_mutation_export.py", *_FAST_EXPORT)),
+    "fx import": (
+        "einspace/network/importer/converter.py",
+        (),
+        ("tests/test_mutation_import.py", "tests/test_mutation_converter.py", *_FAST_IMPORT),
+    ),
+    "fx import layers": (
+        "einspace/network/importer/layers.py",
+        (),
+        ("tests/test_mutation_import.py", "tests/test_mutation_converter.py", *_FAST_IMPORT),
+    ),
+    "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
 }
 
 #: (file, mutant name) -> why the mutant cannot change behaviour (not counted in the score).
@@ -364,6 +435,54 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         )
         for name in names
     },
+    **{
+        ("einspace/network/export/writer.py", f"einspace.network.export.writer.{name}"): why
+        for names, why in (
+            (
+                (
+                    *(f"x__conv_slots__mutmut_{n}" for n in (7, 10, 11)),
+                    *(f"x__branch_linear__mutmut_{n}" for n in (58, 61, 62)),
+                    *(f"x__positional__mutmut_{n}" for n in (37, 40, 41)),
+                    *(f"x__xd__mutmut_{n}" for n in (26, 29, 30)),
+                ),
+                "zip(strict=...): equal lengths by construction (a role per size, a weight per linear)",
+            ),
+            (
+                tuple(f"xǁWriterǁbranching__mutmut_{n}" for n in (34, 37, 38)),
+                "zip(strict=...): a start per branch by construction",
+            ),
+            (
+                (
+                    *(f"xǁWriterǁbranching__mutmut_{n}" for n in (3, 4, 7, 8)),
+                    "xǁWriterǁattention__mutmut_4",
+                    "xǁWriterǁattention__mutmut_10",
+                ),
+                "a placeholder kind or docstring, set before the block is used",
+            ),
+            (
+                ("xǁWriterǁfused_heads__mutmut_26", "xǁWriterǁnetwork__mutmut_33"),
+                "numbered=None is falsy like False",
+            ),
+            (
+                ("xǁWriterǁfused_heads__mutmut_7", "xǁWriterǁfused_heads__mutmut_12"),
+                "the key's projection for the query's: q and k have the same widths in and out",
+            ),
+            (
+                ("xǁWriterǁnetwork__mutmut_24", "xǁWriterǁnetwork__mutmut_25"),
+                "a network's class has one instance: its head's width is never a constructor argument",
+            ),
+            (
+                ("x__branch_linear__mutmut_3",),
+                "linears[1].in_features: lowering fuses only branches of one input width",
+            ),
+            (
+                ("x__branch_linear__mutmut_4",),
+                "linears[1].out_features: d is read only where branches are added or joined along the "
+                "tokens, which needs equal widths",
+            ),
+        )
+        for name in names
+    },
 }
 
 _STATUS = re.compile(r"^\s+(\S+): (.+)$")
@@ -414,44 +533,68 @@ def _setup_cfg(module: str, tests: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _results(work: Path, env: dict[str, str]) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return {m.group(1): m.group(2).strip() for m in map(_STATUS.match, out.splitlines()) if m}
+
+
 def run_module(
-    module: str, functions: tuple[str, ...], tests: tuple[str, ...], children: int, report: bool = False
+    module: str,
+    functions: tuple[str, ...],
+    tests: tuple[str, ...],
+    children: int,
+    again: bool = False,
+    report: bool = False,
 ) -> dict[str, str]:
     """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant.
-    With `report`, nothing runs: the statuses a run left in .mutation/ (one stopped for time)."""
+    With `again`, only the mutants a previous run left alive (survived, or reached by no test) run
+    again, with the tests as they are now: tests added since kill more, never fewer. With `report`,
+    nothing runs: the statuses a run left in .mutation/ (one stopped for time)."""
     work = WORK / module.replace("/", "_").removesuffix(".py")
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     dotted = _in_package(module).removesuffix(".py").replace("/", ".")
-    if not report:
-        work.mkdir(parents=True, exist_ok=True)
-        _copy_checkout(work)
-        tests = tuple(t for t in tests if (ROOT / t.split("::", 1)[0]).is_file())
-        (work / "setup.cfg").write_text(_setup_cfg(module, tests))
-        patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
-        subprocess.run(
-            [*mutmut, "run", "--max-children", str(children), *patterns],
-            cwd=work,
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
-    elif not work.is_dir():
-        return {}
-    out = subprocess.run(
-        [*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True
-    ).stdout
-    statuses = {m.group(1): m.group(2).strip() for m in map(_STATUS.match, out.splitlines()) if m}
-    if functions:
-        statuses = {
-            k: v for k, v in statuses.items() if any(f"{dotted}.{f}__mutmut_" in k for f in functions)
-        }
-    return statuses
+    if report:
+        return _filtered(_results(work, env), dotted, functions) if work.is_dir() else {}
+    work.mkdir(parents=True, exist_ok=True)
+    _copy_checkout(work)
+    tests = tuple(t for t in tests if (ROOT / t.split("::", 1)[0]).is_file())
+    (work / "setup.cfg").write_text(_setup_cfg(module, tests))
+    patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
+    if again:
+        alive = [k for k, v in _results(work, env).items() if v in ("survived", "no tests", "not checked")]
+        if not alive:
+            return _filtered(_results(work, env), dotted, functions)
+        (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # which tests reach what
+        patterns = alive
+    subprocess.run(
+        [*mutmut, "run", "--max-children", str(children), *patterns],
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    return _filtered(_results(work, env), dotted, functions)
+
+
+def _filtered(statuses: dict[str, str], dotted: str, functions: tuple[str, ...]) -> dict[str, str]:
+    if not functions:
+        return statuses
+    return {k: v for k, v in statuses.items() if any(f"{dotted}.{f}__mutmut_" in k for f in functions)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("words", nargs="*", help="run the modules whose path contains one of these")
     parser.add_argument("--survivors", action="store_true", help="list surviving mutants")
+    parser.add_argument(
+        "--again", action="store_true", help="run only the mutants left alive before, with today's tests"
+    )
     parser.add_argument("--children", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--report", action="store_true", help="run nothing: the results left in .mutation/")
     args = parser.parse_args()
@@ -459,7 +602,7 @@ def main() -> int:
     rows = []
     for name in chosen:
         module, functions, tests = MODULES[name]
-        statuses = run_module(module, functions, tests, args.children, args.report)
+        statuses = run_module(module, functions, tests, args.children, args.again, args.report)
         total = len(statuses)  # mutants a run stopped for time did not reach are left out below
         statuses = {k: v for k, v in statuses.items() if v != "not checked"}
         equivalent = {m for (mod, m) in EQUIVALENT if mod == module and m in statuses}
