@@ -624,6 +624,12 @@ REFUSED = {
         PAPER,
         "no convolution of the grammar's grid turns 8x8 into (3, 3)",
     ),
+    "scaled positional sum": (
+        Fn(lambda m, x: torch.add(x, m.tensors["pos"], alpha=2), {"pos": torch.randn(6, 16)}),
+        TOKENS,
+        PAPER,
+        "a sum that scales its second term (alpha) is not in the grammar",
+    ),
     "linear of an image": (
         nn.Sequential(nn.Linear(6, 16), nn.Identity()),
         IMAGE,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from einspace.network.importer.graph import TracedModel
-from einspace.network.importer.layers import activation_name
+from einspace.network.importer.layers import activation_name, unscaled
 from einspace.network.importer.pieces import Piece, Route, common_owner, sequence
 from einspace.network.importer.weights import linear_entry, rows_of
 from einspace.ops.zoo import SQUEEZE_ACTIVATIONS, squeezed
@@ -56,7 +56,7 @@ class JoinRules:
         elif stack is not None:
             merge = self.terminal(node, "add")
         elif _is_add(joined):
-            if len(inputs) != 2 or not _plain(joined):
+            if len(inputs) != 2 or not unscaled(joined):
                 raise self.fail(node, "only a plain sum of tensors is the grammar's add")
             merge = self.terminal(node, "add")
         elif target in (operator.matmul, torch.matmul, torch.bmm):
@@ -110,7 +110,7 @@ class JoinRules:
         found, pending = [], self.inputs(node)
         while pending:
             value = pending.pop(0)
-            inner = _is_add(value) and _plain(value) and len(self.inputs(value)) == 2
+            inner = _is_add(value) and unscaled(value) and len(self.inputs(value)) == 2
             here = inner and self.owner(value) == self.owner(node) and self.idom[value] is self.idom[node]
             if here and len(value.users) == 1:
                 pending[:0] = self.inputs(value)
@@ -278,11 +278,6 @@ class JoinRules:
 
 def _is_add(node: fx.Node) -> bool:
     return node.target in (operator.add, torch.add) or (node.op == "call_method" and node.target == "add")
-
-
-def _plain(node: fx.Node) -> bool:
-    """A sum without a scale (`alpha`) on its second term."""
-    return not any(isinstance(a, (int, float)) and a != 1 for a in node.kwargs.values())
 
 
 def stack_of_sum(traced: TracedModel, node: fx.Node) -> fx.Node | None:

@@ -230,6 +230,8 @@ class LayerRules:
     def positional(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
         """x + a learnt tensor of x's shape (or with a leading 1): a positional encoding."""
         constants = [c for c in self.constants(node) if isinstance(c, torch.Tensor)]
+        if not unscaled(node):
+            raise self.fail(node, "a sum that scales its second term (alpha) is not in the grammar")
         if len(constants) != 1 or constants[0].shape not in (value.shape[1:], (1, *value.shape[1:])):
             raise self.fail(
                 node, "adding a constant is in the grammar only as a learnt positional encoding of x's shape"
@@ -412,3 +414,8 @@ def exact_but_groups(module: nn.Conv2d) -> bool:
 
 def square(value: Any) -> int:
     return int(value[0]) if isinstance(value, (tuple, list)) else int(value)
+
+
+def unscaled(node: fx.Node) -> bool:
+    """A sum without a scale (`alpha`) on its second term."""
+    return not any(isinstance(a, (int, float)) and a != 1 for a in node.kwargs.values())
