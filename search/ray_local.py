@@ -64,6 +64,8 @@ def reap_orphaned_sessions(records: Path = RECORDS) -> list[int]:
         if _start_time(record["pid"]) == record["start"]:
             continue  # its driver is alive
         for pid in session_processes(record["session_dir"]):
+            if pid in killed:
+                continue  # two records of one session: killed already, maybe not yet gone
             try:
                 os.kill(pid, signal.SIGKILL)  # orphans of a dead session ignore SIGTERM
                 killed.append(pid)
