@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_fx_import import sequence_form
+from test_fx_import import SEED_INPUTS, sequence_form
 from torch import nn
 
 from einspace import Limits, Variation, load_grammar, parse_tree
@@ -121,16 +121,6 @@ def test_five_hundred_trees_of_each_grammar_come_back(grammar_name):
         except (AssertionError, EinspaceError, RuntimeError) as exc:
             failures.append(f"{to_text(tree)}\n  {str(exc).splitlines()[0][:200]}")
     assert len(failures) <= KNOWN_FAILURES[grammar_name], "\n".join(failures)
-
-
-SEED_INPUTS = {
-    "resnet18": (3, 16, 16),
-    "resnet_small": (1, 8, 8),
-    "wide_resnet16_4": (3, 16, 16),
-    "densenet": (3, 16, 16),
-    "vit": (3, 16, 16),
-    "mlp_mixer": (3, 64, 64),
-}
 
 
 @pytest.mark.parametrize("name", sorted(SEED_INPUTS))
