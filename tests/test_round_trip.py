@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_fx_import import SEED_INPUTS, sequence_form
+from test_fx_import import SEED_INPUTS, Lambda, sequence_form
 from torch import nn
 
 from einspace import Limits, Variation, load_grammar, parse_tree
@@ -233,18 +233,6 @@ def test_normal_form_keeps_apart_what_computes_otherwise(first, second):
 ZOO = load_grammar("einspace_zoo")
 
 
-class Function(nn.Module):
-    """A forward written as a function of x, with the layers it names."""
-
-    def __init__(self, forward, **layers: nn.Module):
-        super().__init__()
-        self.layers = nn.ModuleDict(layers)
-        self.function = forward
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.function(self.layers, x)
-
-
 def _imported(model: nn.Module, shape: tuple[int, ...]) -> ImportedModel:
     torch.manual_seed(0)
     imported = import_model(model, input_state(shape), ZOO)
@@ -261,7 +249,7 @@ def test_chunks_joined_in_order_are_group_dim():
         a, b = x.chunk(2, dim=1)
         return torch.cat([layers.conv(a), F.relu(b)], dim=1)
 
-    imported = _imported(Function(forward, conv=nn.Conv2d(2, 16, 3, padding=1)), (4, 8, 8))
+    imported = _imported(Lambda(forward, conv=nn.Conv2d(2, 16, 3, padding=1)), (4, 8, 8))
     split, merge = arch.op("group_dim", dim=1, b=2), arch.op("concat", dim=1, b=2)
     expected = arch.branching(split, [CONV16, arch.computation("relu")], merge)
     assert normal_form(imported.tree, True) == normal_form(arch.network(arch.seq(expected)), True)
@@ -272,7 +260,7 @@ def test_parts_added_in_any_order_are_branches_in_the_parts_order():
         a, b = torch.chunk(x, 2, dim=3)
         return F.gelu(b) + a
 
-    imported = _imported(Function(forward), (4, 8, 8))
+    imported = _imported(Lambda(forward), (4, 8, 8))
     branches = "(Branches [(M (C identity)) (M (C gelu))])"
     assert f"(B group_dim(dim=3, b=2)) {branches} (A add)" in to_text(imported.tree)
 
@@ -288,7 +276,7 @@ def test_parts_added_in_any_order_are_branches_in_the_parts_order():
 )
 def test_splits_the_grammar_has_not_are_located(forward, message):
     with pytest.raises(ModelImportError, match=message) as caught:
-        import_model(Function(forward), input_state((4, 8, 8)), ZOO)
+        import_model(Lambda(forward), input_state((4, 8, 8)), ZOO)
     assert f"{Path(__file__).name}:" in str(caught.value)
 
 
@@ -297,7 +285,7 @@ def test_a_sum_of_four_alike_in_one_line_is_one_add_of_four_branches():
         return layers.a(x) + layers.b(x) + layers.c(x) + layers.d(x)
 
     layers = {name: nn.Linear(16, 16) for name in "abcd"}
-    imported = _imported(Function(forward, **layers), (8, 16))
+    imported = _imported(Lambda(forward, **layers), (8, 16))
     four = arch.branching(arch.op("clone", b=4), arch.linear(16), arch.op("add"))
     assert imported.tree == arch.network(four)
 
@@ -309,7 +297,7 @@ def test_a_sum_of_four_alike_in_one_line_is_one_add_of_four_branches():
 )
 def test_other_sums_are_sums_of_two(forward):
     """clone(3) is not in the grammar, and its clone(4) repeats one branch: sums of two, as written."""
-    imported = _imported(Function(forward), (8, 16))
+    imported = _imported(Lambda(forward), (8, 16))
     terms = 3 if "silu" not in to_text(imported.tree) else 4
     assert to_text(imported.tree).count("clone(b=2)") == terms - 1
     assert "clone(b=4)" not in to_text(imported.tree)
@@ -317,7 +305,7 @@ def test_other_sums_are_sums_of_two(forward):
 
 def test_tokens_then_a_swap_in_one_run_of_reshapes():
     """`conv(x).flatten(2)`: image to tokens, then tokens and features swapped."""
-    model = Function(lambda layers, x: layers.conv(x).flatten(2), conv=nn.Conv2d(3, 16, 4, 4))
+    model = Lambda(lambda layers, x: layers.conv(x).flatten(2), conv=nn.Conv2d(3, 16, 4, 4))
     imported = _imported(model, (3, 8, 8))
     wanted = "im2col(k=4, s=4, p=0) linear(d=16) permute(order=(2,1))"
     assert normal_form(imported.tree, True) == wanted, to_text(imported.tree)
@@ -331,7 +319,7 @@ def test_a_permute_beside_a_channel_norm_written_as_one():
     def forward(layers, x):
         return layers.norm(x.transpose(2, 3).permute(0, 2, 3, 1)).permute(0, 3, 1, 2).transpose(1, 3)
 
-    imported = _imported(Function(forward, norm=norm), (4, 6, 8))
+    imported = _imported(Lambda(forward, norm=norm), (4, 6, 8))
     tree = parse_tree(
         "(S (M (R1 permute(order=(1,3,2))) (M (C channel_norm)) (R2 identity))"
         " (M (R1 identity) (M (C identity)) (R2 permute(order=(3,2,1)))))"
@@ -349,7 +337,7 @@ def test_tokens_made_in_branches_are_folded_after_them():
         return torch.cat([a, b], dim=2).transpose(1, 2).unflatten(2, (8, 8))
 
     layers = {name: nn.Conv2d(3, 16, 3, padding=1) for name in "ab"}
-    imported = _imported(Function(forward, **layers), (3, 8, 8))
+    imported = _imported(Lambda(forward, **layers), (3, 8, 8))
     tokens = arch.routing(arch.op("im2col", k=3, s=1, p=1), arch.linear(16), "identity")
     pair = arch.branching(arch.op("clone", b=2), [tokens, tokens], arch.op("concat", dim=2, b=2))
     assert imported.tree == arch.network(arch.routing("identity", pair, "col2im"))
@@ -393,7 +381,7 @@ def test_a_stacked_sum_is_one_add():
     def forward(layers, x):
         return torch.stack([layers[n](x) for n in "abcd"]).sum(0)
 
-    imported = _imported(Function(forward, **layers), (8, 16))
+    imported = _imported(Lambda(forward, **layers), (8, 16))
     four = arch.branching(arch.op("clone", b=4), arch.linear(16), arch.op("add"))
     assert imported.tree == arch.network(four)
 
