@@ -200,6 +200,20 @@ def test_a_dead_drivers_session_is_reaped_and_a_live_ones_is_not(orphan):
     assert ray_local._start_time(dead) is None
 
 
+def test_a_session_recorded_twice_is_killed_once_while_its_process_lingers(tmp_path, monkeypatch):
+    """Two dead drivers' records of one session, whose process is still listed after the first
+    SIGKILL (not yet gone): killed and reported once."""
+    for name in ("a", "b"):
+        record = {"pid": 1, "start": -1, "session_dir": "/tmp/session_x"}
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    monkeypatch.setattr(ray_local, "session_processes", lambda session: [4242])
+    kills = []
+    monkeypatch.setattr(ray_local.os, "kill", lambda pid, sig: kills.append(pid))
+    assert ray_local.reap_orphaned_sessions(tmp_path) == [4242]
+    assert kills == [4242]
+    assert not list(tmp_path.glob("*.json"))
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_start_times_name_processes():
     assert ray_local._start_time(os.getpid()) == ray_local._start_time(os.getpid()) is not None
