@@ -25,9 +25,9 @@ given in benchmarks/compiled_vs_handwritten.py. Memory: the peak bytes torch's C
 holds during one step, above what it held before (the same helper as that benchmark). Input:
 `--batch` images of `--channels` × `--size` × `--size`, float32, on the CPU or, with
 `--device cuda`, on the GPU (each step then ends with a synchronisation; memory is the CUDA
-allocator's peak). `--quick`: 3 repeats (the same rows and batch:
-at a smaller batch the FFT convolution's transformed weights dominate its peak, and the memory
-target would be judged on another workload).
+allocator's peak; TF32 is off, so every row computes in float32 as on the CPU). `--quick`: 3
+repeats (the same rows and batch: at a smaller batch the FFT convolution's transformed weights
+dominate its peak, and the memory target would be judged on another workload).
 """
 
 from __future__ import annotations
@@ -327,6 +327,8 @@ def main() -> None:
     if args.quick:
         args.repeats = 3
     compiled_vs_handwritten.DEVICE = torch.device(args.device)
+    if args.device == "cuda":  # cuDNN convolves in TF32 by default: the FFT check would fail at 1e-4
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     if args.threads:
         torch.set_num_threads(args.threads)

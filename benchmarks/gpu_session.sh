@@ -47,8 +47,9 @@ for phase in $phases; do
     run gputests 90 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_training.py \
       tests/test_workers.py
     ;;
-  tests)  # the whole default suite with CUDA present (device: auto picks the GPU), in parallel
-    run tests 240 "$PY" -m pytest -q -p no:cacheprovider -n 12 -x tests
+  tests)  # the whole default suite with CUDA present (device: auto picks the GPU), in parallel; -v names
+    # each failure in the log as it happens, so a run cut by the time limit still says which failed
+    run tests 240 "$PY" -m pytest -v -p no:cacheprovider -n 12 --maxfail 10 tests
     ;;
   xd)  # issue 9: XD-operations against the convolutions they start at, on the GPU
     run xd 60 "$PY" benchmarks/extra_terminals.py --device cuda --only XD --repeats 20
@@ -96,11 +97,10 @@ sys.path.insert(0, "benchmarks")
 from gpu_pool import synthetic_images
 from einspace.evaluators.base import Task, run_task
 from einspace.seeds import load_seed
-from einspace.bundled import load
 from einspace.state import input_state
 from einspace.tree import to_text
 
-tree = to_text(load_seed("resnet_small", load("einspace"), input_state((3, 32, 32))))
+tree = to_text(load_seed("resnet_small", "einspace", input_state((3, 32, 32))))
 with tempfile.TemporaryDirectory() as tmp:
     data = str(synthetic_images(pathlib.Path(tmp)))
     base = {"dataset": data, "epochs": 3, "batch_size": 256, "device": "cuda"}

@@ -347,7 +347,9 @@ class LayerRules:
                 node, "the grammar's norm in col mode is a LayerNorm over the last axis of [B, S, D]"
             )
         if module.eps != 1e-5 or module.bias is None:
-            self.substituted(node, f"{module}", "norm (LayerNorm with eps 1e-5 and a bias)")
+            # spelt out: the repr of torch 2.11 (not 2.13) leaves bias=False out
+            what = f"LayerNorm({module.normalized_shape}, eps={module.eps}, bias={module.bias is not None})"
+            self.substituted(node, what, "norm (LayerNorm with eps 1e-5 and a bias)")
         self.terminal(node, "norm")
         entry = linear_entry(module.weight, module.bias)
         return [Piece(arch.norm(), (entry,))]
