@@ -30,13 +30,15 @@ def search_pool(jobs: int) -> ProcessPoolExecutor:
 def confine_worker(memory_gb: float | None = MEMORY_LIMIT_GB) -> None:
     """One torch thread, and the address space capped: a tree whose memory the analytic estimate
     misses fails with an allocation error (a failed evaluation) instead of the kernel killing the
-    whole worker. None leaves the address space alone (Ray and CUDA reserve far more than they use)."""
+    whole worker. None leaves the address space alone (Ray and CUDA reserve far more than they use),
+    and so does a machine with CUDA: under the cap CUDA cannot initialise ("cudaGetDeviceCount ...
+    out of memory", seen on an H100), and torch would quietly train on the CPU."""
     import resource
 
     import torch
 
     torch.set_num_threads(1)
-    if memory_gb is not None:
+    if memory_gb is not None and not torch.cuda.is_available():
         limit = int(memory_gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
