@@ -4,7 +4,8 @@
 #
 #   BUDGET=560 bash benchmarks/gpu_session.sh [PHASE ...]   # default: every phase, in priority order
 #
-# Phases: env gputests pool compiled profile steps graphs xd mps context tests. Each phase has its own time
+# Phases: env gputests xd search tests steps pool compiled profile graphs mps context, in the order
+# of what the last GPU session (2026-11-27, an H100) left unmeasured. Each phase has its own time
 # limit, cut to what is left of BUDGET seconds (default 560), so the script ends inside one command
 # of the device tool; a phase with under 20 s left is skipped. Everything goes to one log,
 # $OUT/session.log (the device tool's output folder; ./gpu_session_out elsewhere), and the pool runs
@@ -18,7 +19,7 @@ mkdir -p "$OUT"
 LOG="$OUT/session.log"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-phases=${*:-env gputests pool compiled profile steps graphs xd mps context tests}
+phases=${*:-env gputests xd search tests steps pool compiled profile graphs mps context}
 
 if ! "$PY" -c "import einspace.search, ray, lark" 2>/dev/null; then
   bash .whl/install.sh 2>&1 | tee -a "$LOG"
@@ -51,7 +52,11 @@ for phase in $phases; do
     # each failure in the log as it happens, so a run cut by the time limit still says which failed
     run tests 240 "$PY" -m pytest -v -p no:cacheprovider -n 12 --maxfail 10 tests
     ;;
-  xd)  # issue 9: XD-operations against the convolutions they start at, on the GPU
+  search)  # issue 22: the search benchmark unchanged through Ray, four evaluations sharing the GPU
+    run search 150 "$PY" benchmarks/search_efficiency.py --quick --tasks digits --methods RE RE+SH \
+      --executor ray --num-gpus 0.25 --jobs 4 --out /tmp/search_efficiency
+    ;;
+  xd)  # issues 9 and 27: XD-operations against the convolution and the FFT convolution, on the GPU
     run xd 60 "$PY" benchmarks/extra_terminals.py --device cuda --only XD --repeats 20
     ;;
   context)  # what a worker process holds on its GPU before its first tensor (packing.PROCESS_BYTES)
