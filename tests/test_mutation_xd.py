@@ -245,3 +245,16 @@ def test_every_path_keeps_to_the_parameters_device(monkeypatch, path: str) -> No
     xd = XDConv(2, 3, 3, (14, 6), padding=1, device="meta")  # 16 x 8: a square two-pass grid
     y = xd(torch.empty(2, 2, 14, 6, device="meta"))
     assert y.is_meta and y.shape == (2, 3, 14, 6)
+
+
+@pytest.mark.parametrize("dtype, given", [(torch.float64, torch.float32), (torch.float32, torch.bfloat16)])
+def test_an_input_of_another_precision_runs_in_the_parameters_precision(dtype, given) -> None:
+    """Outside autocast too, the input is cast to the parameters' precision (the real-plane GEMMs
+    take one dtype): the result is that convolution of the cast input, in that precision."""
+    torch.manual_seed(3)
+    xd = XDConv(3, 2, 3, (6, 5), stride=2, padding=1, dtype=dtype)
+    x = torch.randn(2, 3, 6, 5).to(given)
+    y = xd(x)
+    assert y.dtype == dtype
+    expected = F.conv2d(x.to(dtype), xd.weight, xd.bias, stride=2, padding=1)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
