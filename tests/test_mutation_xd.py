@@ -258,3 +258,23 @@ def test_an_input_of_another_precision_runs_in_the_parameters_precision(dtype, g
     assert y.dtype == dtype
     expected = F.conv2d(x.to(dtype), xd.weight, xd.bias, stride=2, padding=1)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["dense", "blocked", "staged"])
+def test_intermediates_follow_the_input_not_the_default_device(monkeypatch, path: str) -> None:
+    """With another default device set (as `torch.set_default_device("cuda")` does; here meta, on a
+    machine without a GPU), an operation on CPU makes every intermediate on CPU: the square
+    two-pass grid (16 points, m = r = 4) reorders b with an index that must be made there too."""
+    monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4 if path == "blocked" else 512)
+    monkeypatch.setattr(xd_module, "DENSE_MAX", 0 if path == "staged" else 2048)
+    torch.manual_seed(4)
+    weight, bias = torch.randn(3, 2, 3, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    xd = XDConv.from_conv(weight, bias, 1, 1, (14, 6))
+    with torch.no_grad():
+        xd.b.copy_(torch.randn_like(xd.b))  # b != 0: the order it is read in matters
+    x = torch.randn(2, 2, 14, 6, dtype=torch.float64)
+    expected = xd(x)
+    with torch.device("meta"):
+        y = xd(x)
+    assert y.device.type == "cpu"
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
