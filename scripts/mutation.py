@@ -384,6 +384,11 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "another split of the stages between the two passes: the same factors regrouped",
             ),
             (
+                ("x_dft_twiddles__mutmut_19", "x_dft_twiddles__mutmut_51"),
+                "per_stage 2.0 at n = 1 scales an empty tensor; arange(n / 2) = arange(n // 2) for even n, "
+                "and n = 1 runs no stage",
+            ),
+            (
                 ("x__packed__mutmut_1",),
                 ".to(None), no cast: reset_parameters copy_()s it into the parameter, which casts alike",
             ),
