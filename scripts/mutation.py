@@ -389,6 +389,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "and n = 1 runs no stage",
             ),
             (
+                ("xǁXDConvǁ__init____mutmut_127", "xǁXDConvǁ__init____mutmut_128"),
+                "reset_parameters run on the meta device too: writing and drawing meta tensors does nothing",
+            ),
+            (
                 ("x__packed__mutmut_1",),
                 ".to(None), no cast: reset_parameters copy_()s it into the parameter, which casts alike",
             ),
