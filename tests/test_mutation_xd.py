@@ -5,7 +5,8 @@ Written in the mutation-testing round (scripts/mutation.py): the Fourier size is
 size + p is exactly a power of two and where the kernel decides it, parameter and FLOP counts on
 axes of different sizes (so that no two terms can be swapped unseen) with and without bias, every
 argument and the kernel fit at their boundary, and the built operation against F.conv2d and
-F.conv1d with a stride and padding that differ.
+F.conv1d with a stride and padding that differ; from the fourth round, an input of another
+precision and another default device.
 """
 
 from __future__ import annotations
