@@ -8,6 +8,7 @@ then:
     nice -n 15 .venv/bin/python scripts/mutation.py --survivors compose  # and list the survivors
     .venv/bin/python scripts/mutation.py --report XD    # the table from what a stopped run left
     nice -n 15 .venv/bin/python scripts/mutation.py --again compose  # the survivors only, after new tests
+    nice -n 15 .venv/bin/python scripts/mutation.py "XD modules" --functions x__packed  # some functions only
 
 Each module runs in its own copy of the checkout under .mutation/<name>/ (git-ignored), where a
 generated setup.cfg tells mutmut to mutate that one file and to select from its test files only;
@@ -336,7 +337,8 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 tuple(
                     f"xǁXDConvǁ_butterflies__mutmut_{n}"
                     for n in (11, 13, 14, 18, 21, 22, 52, 54, 59, 71, 76, 77)
-                ),
+                )
+                + tuple(f"xǁXDConvǁ_xd__mutmut_{n}" for n in (49, 52, 53)),
                 "zip(strict=...): one entry per axis and per butterfly (K, L, M) on every side",
             ),
             (
@@ -360,6 +362,8 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                     "x__to_back__mutmut_107",
                     "x__to_front__mutmut_29",
                     "xǁ_ComplexProductǁforward__mutmut_16",
+                    "xǁXDConvǁ_xd__mutmut_71",
+                    "xǁXDConvǁ_xd__mutmut_77",
                 ),
                 "real=None (falsy) or the imaginary part kept: extra work, the real part read is the same",
             ),
@@ -378,6 +382,28 @@ EQUIVALENT: dict[tuple[str, str], str] = {
             (
                 tuple(f"x_butterfly_blocks__mutmut_{n}" for n in (6, 7, 8)),
                 "another split of the stages between the two passes: the same factors regrouped",
+            ),
+            (
+                ("x_dft_twiddles__mutmut_19", "x_dft_twiddles__mutmut_51"),
+                "per_stage 2.0 at n = 1 scales an empty tensor; arange(n / 2) = arange(n // 2) for even n, "
+                "and n = 1 runs no stage",
+            ),
+            (
+                ("xǁXDConvǁ__init____mutmut_127", "xǁXDConvǁ__init____mutmut_128"),
+                "reset_parameters run on the meta device too: writing and drawing meta tensors does nothing",
+            ),
+            (
+                ("x__packed__mutmut_1",),
+                ".to(None), no cast: reset_parameters copy_()s it into the parameter, which casts alike",
+            ),
+            (
+                tuple(f"xǁXDConvǁforward__mutmut_{n}" for n in (1, 4, 5, 6, 7, 12, 13)),
+                "autocast left on: no op of _xd is eligible (in-place GEMMs, elementwise; torch's autocast "
+                "docs), the same bits on CPU",
+            ),
+            (
+                ("xǁXDConvǁ_xd__mutmut_55",),
+                "slice(None, stop, step) for slice(0, stop, step): the same rows for a positive step",
             ),
             (
                 ("x__staged__mutmut_5", "x__staged__mutmut_9"),
@@ -597,11 +623,18 @@ def main() -> int:
     )
     parser.add_argument("--children", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--report", action="store_true", help="run nothing: the results left in .mutation/")
+    parser.add_argument(
+        "--functions",
+        nargs="+",
+        default=(),
+        help="only these functions (mangled as in MODULES: x_name, xǁClassǁmethod), for every module chosen",
+    )
     args = parser.parse_args()
     chosen = [m for m in MODULES if not args.words or any(w in m or w in MODULES[m][0] for w in args.words)]
     rows = []
     for name in chosen:
         module, functions, tests = MODULES[name]
+        functions = tuple(args.functions) or functions
         statuses = run_module(module, functions, tests, args.children, args.again, args.report)
         total = len(statuses)  # mutants a run stopped for time did not reach are left out below
         statuses = {k: v for k, v in statuses.items() if v != "not checked"}

@@ -5,7 +5,8 @@ Written in the mutation-testing round (scripts/mutation.py): the Fourier size is
 size + p is exactly a power of two and where the kernel decides it, parameter and FLOP counts on
 axes of different sizes (so that no two terms can be swapped unseen) with and without bias, every
 argument and the kernel fit at their boundary, and the built operation against F.conv2d and
-F.conv1d with a stride and padding that differ.
+F.conv1d with a stride and padding that differ; from the fourth round, an input of another
+precision and another default device.
 """
 
 from __future__ import annotations
@@ -245,3 +246,36 @@ def test_every_path_keeps_to_the_parameters_device(monkeypatch, path: str) -> No
     xd = XDConv(2, 3, 3, (14, 6), padding=1, device="meta")  # 16 x 8: a square two-pass grid
     y = xd(torch.empty(2, 2, 14, 6, device="meta"))
     assert y.is_meta and y.shape == (2, 3, 14, 6)
+
+
+@pytest.mark.parametrize("dtype, given", [(torch.float64, torch.float32), (torch.float32, torch.bfloat16)])
+def test_an_input_of_another_precision_runs_in_the_parameters_precision(dtype, given) -> None:
+    """Outside autocast too, the input is cast to the parameters' precision (the real-plane GEMMs
+    take one dtype): the result is that convolution of the cast input, in that precision."""
+    torch.manual_seed(3)
+    xd = XDConv(3, 2, 3, (6, 5), stride=2, padding=1, dtype=dtype)
+    x = torch.randn(2, 3, 6, 5).to(given)
+    y = xd(x)
+    assert y.dtype == dtype
+    expected = F.conv2d(x.to(dtype), xd.weight, xd.bias, stride=2, padding=1)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["dense", "blocked", "staged"])
+def test_intermediates_follow_the_input_not_the_default_device(monkeypatch, path: str) -> None:
+    """With another default device set (as `torch.set_default_device("cuda")` does; here meta, on a
+    machine without a GPU), an operation on CPU makes every intermediate on CPU: the square
+    two-pass grid (16 points, m = r = 4) reorders b with an index that must be made there too."""
+    monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4 if path == "blocked" else 512)
+    monkeypatch.setattr(xd_module, "DENSE_MAX", 0 if path == "staged" else 2048)
+    torch.manual_seed(4)
+    weight, bias = torch.randn(3, 2, 3, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    xd = XDConv.from_conv(weight, bias, 1, 1, (14, 6))
+    with torch.no_grad():
+        xd.b.copy_(torch.randn_like(xd.b))  # b != 0: the order it is read in matters
+    x = torch.randn(2, 2, 14, 6, dtype=torch.float64)
+    expected = xd(x)
+    with torch.device("meta"):
+        y = xd(x)
+    assert y.device.type == "cpu"
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
