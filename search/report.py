@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import itertools
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -235,9 +234,8 @@ def write_csv(history: History, path: Path) -> None:
     """evaluations.csv, written column by column: parents as ids separated by spaces, metrics as
     the JSON text the store wrote (`json.dumps` of them, "{}" where none was stored)."""
     h = as_columns(history)
-    parents = ["" if p == "[]" else " ".join(map(str, json.loads(p))) for p in h.parents]
     columns = {
-        "parents": parents,
+        "parents": h.parent_ids,
         "partial": list(map(bool, h.partial)),
         "compute_seconds": h.compute,
         **{name: _cost_column(h, name) for name in ("cpu_seconds", "gpu_seconds", "epochs", "steps")},
