@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from typing import Any
 from einspace.evaluators.base import Cost, Status
 from einspace.search.store import Record, State
 
-__all__ = ["FIELDS", "Columns", "as_columns", "as_records"]
+__all__ = ["COST_FIELDS", "FIELDS", "Columns", "as_columns", "as_records"]
 
 #: The stored fields the columns hold.
 FIELDS = (
@@ -44,6 +45,17 @@ FIELDS = (
 )
 _QUERY = f"SELECT {', '.join(FIELDS)} FROM evaluations WHERE state = ? ORDER BY seq"
 _DECODE = json.JSONDecoder().raw_decode
+#: `Cost`'s fields, in the order `Cost.to_json` gives them.
+COST_FIELDS = ("cpu_seconds", "gpu_seconds", "wall_seconds", "epochs", "steps")
+#: A number as `json.dumps` writes it (its `repr`: no leading zero, a lower-case exponent with its sign).
+_NUMBER = r"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:e[-+][0-9]+)?)"
+#: A cost as the store writes it, `json.dumps(Cost.to_json())` (the fields in order, finite numbers).
+_COST_TEXT = re.compile("{" + ", ".join(f'"{name}": {_NUMBER}' for name in COST_FIELDS) + "}")
+
+
+def _number(text: str) -> int | float:
+    """A JSON number as `json` reads it: a float where it has a fraction or an exponent."""
+    return float(text) if "." in text or "e" in text else int(text)
 
 
 @contextmanager
@@ -114,21 +126,50 @@ class Columns:
         return len(self.id)
 
     @cached_property
-    def measured(self) -> list[Cost | None]:
-        """Each row's stored cost as a `Cost` (None: none recorded), as `Record.measured`."""
-        out: list[Cost | None] = []
+    def _costs(self) -> tuple[list[float | None], list[str | None], list[tuple[object, ...] | None]]:
+        """Each row's stored cost as its `Cost.compute_seconds`, its `Cost.measure` and its fields
+        in `COST_FIELDS` order (None, None, None: no cost recorded). A cost as the store writes it
+        is split, not parsed as JSON, and no `Cost` is made of it: its fields stay the text
+        `json.dumps` wrote, their `repr`, which is what a CSV writer writes for them (parsing and
+        writing them again took a fifth of a 100,000-row report)."""
+        seconds: list[float | None] = []
+        measures: list[str | None] = []
+        fields: list[tuple[object, ...] | None] = []
+        match = _COST_TEXT.fullmatch
         with _collector_paused():
             for text in self.cost:
+                found = match(text) if text else None
+                if found is not None:
+                    numbers = found.groups()
+                    cpu, gpu, wall = _number(numbers[0]), _number(numbers[1]), _number(numbers[2])
+                    seconds.append(Cost.seconds_of(cpu, gpu, wall))
+                    measures.append(Cost.measure_of(cpu, gpu))
+                    fields.append(numbers)
+                    continue
                 data = _DECODE(text)[0] if text else None
-                out.append(Cost.from_json(data) if data else None)
-        return out
+                m = Cost.from_json(data) if data else None
+                seconds.append(None if m is None else m.compute_seconds)
+                measures.append(None if m is None else m.measure)
+                fields.append(None if m is None else tuple(getattr(m, name) for name in COST_FIELDS))
+        return seconds, measures, fields
+
+    @property
+    def measures(self) -> list[str | None]:
+        """Which seconds each row's cost counts (`Cost.measure`: "GPU", "CPU", "wall"; None: no cost)."""
+        return self._costs[1]
+
+    def cost_field(self, name: str) -> list[object]:
+        """One of `Cost`'s fields for each row ("" where no cost was recorded): the value, or where
+        the cost is as the store writes it, the text of its `repr`."""
+        j = COST_FIELDS.index(name)
+        return ["" if f is None else f[j] for f in self._costs[2]]
 
     @cached_property
     def compute(self) -> list[float]:
         """Each row's compute seconds, as `compute.compute_of` gives a record's."""
         from einspace.search.compute import spent
 
-        return list(map(spent, self.status, self.measured, self.seconds))
+        return list(map(spent, self.status, self._costs[0], self.seconds))
 
     @cached_property
     def parent_ids(self) -> list[str]:

@@ -17,7 +17,6 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from einspace.evaluators.base import Cost
 from einspace.search.columns import Columns, as_columns
 from einspace.search.store import Record, Status
 from einspace.search.successive_halving import PROMOTION
@@ -39,19 +38,21 @@ __all__ = [
 ]
 
 
-def spent(status: str | None, measured: Cost | None, seconds: float | None) -> float:
-    """Compute seconds of a finished evaluation from its stored fields (`compute_of`'s rule, for
-    records and for a history's columns alike)."""
+def spent(status: str | None, cost_seconds: float | None, seconds: float | None) -> float:
+    """Compute seconds of a finished evaluation from its status, its cost's `compute_seconds`
+    (None: no cost recorded) and its wall seconds: `compute_of`'s rule, for records and for a
+    history's columns alike."""
     if status == Status.CACHED:
         return 0.0
-    if measured is None:
+    if cost_seconds is None:
         return seconds or 0.0
-    return measured.compute_seconds
+    return cost_seconds
 
 
 def compute_of(record: Record) -> float:
     """Compute seconds one finished evaluation spent (0 for a cached duplicate)."""
-    return spent(record.status, record.measured, record.seconds)
+    m = record.measured
+    return spent(record.status, None if m is None else m.compute_seconds, record.seconds)
 
 
 def level(fidelity: int | None, fitness: float | None) -> tuple[float, float]:

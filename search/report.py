@@ -80,8 +80,8 @@ def _measures(h: Columns) -> str:
     """Which seconds the compute adds up (`Cost.compute_seconds`): GPU, CPU, or wall where nothing
     more was measured (a killed worker, a store older than compute accounting); joined when mixed."""
     kinds = {
-        "wall" if m is None else m.measure
-        for m, status in zip(h.measured, h.status, strict=True)
+        "wall" if kind is None else kind
+        for kind, status in zip(h.measures, h.status, strict=True)
         if status != Status.CACHED
     }
     return "+".join(kind for kind in ("GPU", "CPU", "wall") if kind in kinds)
@@ -225,11 +225,6 @@ _CSV_COLUMNS = (
 )
 
 
-def _cost_column(h: Columns, name: str) -> list[object]:
-    """One field of each row's measured cost, empty where none was recorded."""
-    return ["" if m is None else getattr(m, name) for m in h.measured]
-
-
 def write_csv(history: History, path: Path) -> None:
     """evaluations.csv, written column by column: parents as ids separated by spaces, metrics as
     the JSON text the store wrote (`json.dumps` of them, "{}" where none was stored)."""
@@ -238,7 +233,7 @@ def write_csv(history: History, path: Path) -> None:
         "parents": h.parent_ids,
         "partial": list(map(bool, h.partial)),
         "compute_seconds": h.compute,
-        **{name: _cost_column(h, name) for name in ("cpu_seconds", "gpu_seconds", "epochs", "steps")},
+        **{name: h.cost_field(name) for name in ("cpu_seconds", "gpu_seconds", "epochs", "steps")},
         "metrics": [m or "{}" for m in h.metrics],
     }
     with path.open("w", newline="") as f:

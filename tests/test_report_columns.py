@@ -85,7 +85,13 @@ def test_columns_read_from_the_store_are_the_records_columns_and_give_back_its_r
         if name not in ("metrics", "cost"):  # JSON text: compared parsed (NaN is not equal to itself)
             assert getattr(columns, name) == getattr(made, name), name
     assert [columns.metrics_of(i).keys() for i in range(7)] == [r.metrics.keys() for r in history]
-    assert columns.measured == [Cost.from_json(r.cost) if r.cost else None for r in history]
+    costs = [Cost.from_json(r.cost) if r.cost else None for r in history]
+    assert columns.measures == [None if m is None else m.measure for m in costs]
+    assert columns.measures == ["CPU", "CPU", None, "CPU", "GPU", "GPU", None]
+    assert columns.compute == [1.25, 1.25, 0.0, 1.25, 3, 0.5, 1.0]  # a cached copy is free; no cost: seconds
+    for name in ("cpu_seconds", "gpu_seconds", "epochs", "steps"):
+        expected = ["" if m is None else repr(getattr(m, name)) for m in costs]
+        assert list(map(str, columns.cost_field(name))) == expected
     assert columns.parent_ids == ["", "0", "1", "0 2", "3", "", ""]
     for i, r in enumerate(history):
         record = columns.record(i)
@@ -172,10 +178,10 @@ def test_reading_columns_pauses_the_collector_and_restores_it(run_dir):
     store = SQLiteStore(run_dir / STORE_NAME)
     try:
         assert gc.isenabled()
-        assert len(store.columns().measured) == 7
+        assert len(store.columns().measures) == 7
         assert gc.isenabled()
         gc.disable()
-        assert len(store.columns().measured) == 7
+        assert len(store.columns().measures) == 7
         assert not gc.isenabled()  # a caller's own setting is kept
     finally:
         gc.enable()
