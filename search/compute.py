@@ -93,9 +93,12 @@ def incumbents(history: Columns | Sequence[Record]) -> list[int | None]:
     h = as_columns(history)
     out: list[int | None] = []
     best, top = None, (-math.inf, -math.inf)
+    at: object = object()  # the incumbent's fidelity (none yet: equal to none)
     for i, (status, fitness, fidelity) in enumerate(zip(h.status, h.fitness, h.fidelity, strict=True)):
-        if scored(status, fitness) and (best is None or level(fidelity, fitness) > top):
-            best, top = i, level(fidelity, fitness)
+        # at the incumbent's fidelity, no higher fitness: not better (most rows, decided at once)
+        worse = fidelity == at and (fitness is None or fitness <= top[1])
+        if not worse and scored(status, fitness) and (best is None or level(fidelity, fitness) > top):
+            best, top, at = i, level(fidelity, fitness), fidelity
         out.append(best)
     return out
 

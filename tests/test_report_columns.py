@@ -186,3 +186,25 @@ def test_reading_columns_pauses_the_collector_and_restores_it(run_dir):
     finally:
         gc.enable()
         store.close()
+
+
+def test_incumbents_match_the_incumbent_of_each_prefix_on_random_histories():
+    """The running incumbent (decided at once for rows no better at its fidelity) against
+    `incumbent` over every prefix: fidelities rising and falling, ties, None, NaN, -inf, failures."""
+    import random
+
+    from einspace.search.compute import incumbent, incumbents
+
+    rng = random.Random(0)
+    for _ in range(30):
+        history = [
+            Record(
+                i, "(S a)", f"h{i}", "sampled",
+                status=rng.choice(["ok", "ok", "cached", "failed"]),
+                fitness=rng.choice([None, math.nan, -math.inf, 0.25, 0.5, 0.5, 0.75, rng.random()]),
+                fidelity=rng.choice([None, 1, 3, 3]),
+            )
+            for i in range(25)
+        ]  # fmt: skip
+        expected = [incumbent(history[: i + 1]) for i in range(len(history))]
+        assert [None if b is None else history[b] for b in incumbents(history)] == expected
