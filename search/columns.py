@@ -1,8 +1,9 @@
 """A run's finished evaluations as columns: one list per stored field, in finishing order, read in
 one query. `einspace report` computes its summary, curves and CSV from these at 100,000 results,
 where building a `Record` per row (and parsing every JSON column of it) took a fifth of its time.
-JSON columns stay as the text the store wrote; only the costs are parsed, once, and the rest on
-demand (a record's metrics, the top records)."""
+JSON columns stay as the text the store wrote: parents and metrics are written to the CSV as they
+are, costs split into their numbers' text; a row's metrics, or a whole record, are parsed only
+where a report needs them (the top records, a metric only a few runs have)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ FIELDS = (
 _QUERY = f"SELECT {', '.join(FIELDS)} FROM evaluations WHERE state = ? ORDER BY seq"
 _DECODE = json.JSONDecoder().raw_decode
 #: `Cost`'s fields, in the order `Cost.to_json` gives them.
-COST_FIELDS = ("cpu_seconds", "gpu_seconds", "wall_seconds", "epochs", "steps")
+COST_FIELDS = tuple(Cost.__dataclass_fields__)
 #: A number as `json.dumps` writes it (its `repr`: no leading zero, a lower-case exponent with its sign).
 _NUMBER = r"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:e[-+][0-9]+)?)"
 #: A cost as the store writes it, `json.dumps(Cost.to_json())` (the fields in order, finite numbers).
