@@ -12,36 +12,69 @@ fidelities has one level, so its incumbent is simply its best result.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from einspace.search.columns import Columns, as_columns
 from einspace.search.store import Record, Status
 from einspace.search.successive_halving import PROMOTION
 
-__all__ = ["ComputeSummary", "Tally", "best_so_far", "compute_of", "incumbent", "rank", "summarise", "wasted"]
+__all__ = [
+    "ComputeSummary",
+    "Tally",
+    "best_so_far",
+    "compute_of",
+    "cumulative",
+    "incumbent",
+    "incumbents",
+    "level",
+    "rank",
+    "scored",
+    "spent",
+    "summarise",
+    "wasted",
+]
+
+
+def spent(status: str | None, cost_seconds: float | None, seconds: float | None) -> float:
+    """Compute seconds of a finished evaluation from its status, its cost's `compute_seconds`
+    (None: no cost recorded) and its wall seconds: `compute_of`'s rule, for records and for a
+    history's columns alike."""
+    if status == Status.CACHED:
+        return 0.0
+    if cost_seconds is None:
+        return seconds or 0.0
+    return cost_seconds
 
 
 def compute_of(record: Record) -> float:
     """Compute seconds one finished evaluation spent (0 for a cached duplicate)."""
-    if record.status == Status.CACHED:
-        return 0.0
-    if record.measured is None:
-        return record.seconds or 0.0
-    return record.measured.compute_seconds
+    m = record.measured
+    return spent(record.status, None if m is None else m.compute_seconds, record.seconds)
+
+
+def level(fidelity: int | None, fitness: float | None) -> tuple[float, float]:
+    """What the incumbent is chosen by, the larger the better: the fidelity asked for (None: the
+    evaluator's own, the top), then the fitness."""
+    return math.inf if fidelity is None else float(fidelity), fitness if fitness is not None else -math.inf
 
 
 def rank(record: Record) -> tuple[float, float]:
-    """What the incumbent is chosen by, the larger the better: the fidelity the record was asked to
-    train for (None: the evaluator's own, the top), then its fitness."""
-    level = math.inf if record.fidelity is None else float(record.fidelity)
-    return level, record.fitness if record.fitness is not None else -math.inf
+    """`level` of a record."""
+    return level(record.fidelity, record.fitness)
+
+
+def scored(status: str | None, fitness: float | None) -> bool:
+    """Whether a finished evaluation can be the incumbent: not failed, with a finite fitness."""
+    return status != Status.FAILED and fitness is not None and math.isfinite(fitness)
 
 
 def _beats(record: Record, best: Record | None) -> bool:
     """Whether `record` is scored and better than the incumbent `best`: higher fidelity first,
     then higher fitness (ties keep the earlier)."""
-    if record.status == Status.FAILED or record.fitness is None or not math.isfinite(record.fitness):
+    if not scored(record.status, record.fitness):
         return False
     return best is None or rank(record) > rank(best)
 
@@ -55,17 +88,37 @@ def incumbent(history: Iterable[Record]) -> Record | None:
     return best
 
 
-def best_so_far(history: Iterable[Record]) -> list[tuple[float, float | None]]:
+def incumbents(history: Columns | Sequence[Record]) -> list[int | None]:
+    """After each row of the history, the row of the incumbent then (None before any result)."""
+    h = as_columns(history)
+    out: list[int | None] = []
+    best, top = None, (-math.inf, -math.inf)
+    at: object = object()  # the incumbent's fidelity (none yet: equal to none)
+    for i, (status, fitness, fidelity) in enumerate(zip(h.status, h.fitness, h.fidelity, strict=True)):
+        # at the incumbent's fidelity, no higher fitness: not better (most rows, decided at once)
+        worse = fidelity == at and (fitness is None or fitness <= top[1])
+        if not worse and scored(status, fitness) and (best is None or level(fidelity, fitness) > top):
+            best, top, at = i, level(fidelity, fitness), fidelity
+        out.append(best)
+    return out
+
+
+def cumulative(seconds: list[float]) -> list[float]:
+    """The running totals of `seconds`, each added to a float total from 0.0 in order (as a loop
+    of `total += s` gives them)."""
+    return list(itertools.accumulate(seconds, initial=0.0))[1:]
+
+
+def best_so_far(history: Columns | Sequence[Record]) -> list[tuple[float, float | None]]:
     """After each finished record, in finishing order: (cumulative compute seconds, the
     incumbent's fitness then, None before any result)."""
-    points: list[tuple[float, float | None]] = []
-    total, best = 0.0, None
-    for r in history:
-        total += compute_of(r)
-        if _beats(r, best):
-            best = r
-        points.append((total, best.fitness if best is not None else None))
-    return points
+    h = as_columns(history)
+    fitness = h.fitness
+    totals = cumulative(h.compute)
+    return [
+        (total, None if best is None else fitness[best])
+        for total, best in zip(totals, incumbents(h), strict=True)
+    ]
 
 
 def wasted(history: Iterable[Record]) -> float:
@@ -90,22 +143,32 @@ class ComputeSummary:
         return self.wasted / self.total if self.total else 0.0
 
 
-def summarise(history: list[Record]) -> ComputeSummary:
+def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
+    h = as_columns(history)
     by_fidelity: dict[int | None, tuple[int, float]] = {}
-    total, at = 0.0, None
-    best = incumbent(history)
-    for r in history:
-        spent = compute_of(r)
-        total += spent
-        if r is best:
-            at = total
-        if r.status != Status.CACHED:
-            n, seconds = by_fidelity.get(r.fidelity, (0, 0.0))
-            by_fidelity[r.fidelity] = (n + 1, seconds + spent)
-    partial = sum(r.partial and r.status == Status.OK for r in history)
-    promoted = [r for r in history if r.origin == PROMOTION and r.status != Status.CACHED]
-    continued = sum(r.metrics.get("continued_from_epoch", 0) > 0 for r in promoted if r.metrics)
-    return ComputeSummary(total, wasted(history), by_fidelity, partial, at, len(promoted), continued)
+    totals = cumulative(h.compute)
+    best = incumbents(h)[-1] if totals else None
+    for status, fidelity, seconds in zip(h.status, h.fidelity, h.compute, strict=True):
+        if status != Status.CACHED:
+            n, so_far = by_fidelity.get(fidelity, (0, 0.0))
+            by_fidelity[fidelity] = (n + 1, so_far + seconds)
+    partial = sum(p and s == Status.OK for p, s in zip(h.partial, h.status, strict=True))
+    promoted = [
+        i
+        for i, (o, s) in enumerate(zip(h.origin, h.status, strict=True))
+        if o == PROMOTION and s != Status.CACHED
+    ]
+    continued = sum(h.metrics_of(i).get("continued_from_epoch", 0) > 0 for i in promoted)
+    wasted = sum(c for c, s in zip(h.compute, h.status, strict=True) if s == Status.FAILED)
+    return ComputeSummary(
+        totals[-1] if totals else 0.0,
+        wasted,
+        by_fidelity,
+        partial,
+        None if best is None else totals[best],
+        len(promoted),
+        continued,
+    )
 
 
 @dataclass

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
 from einspace.outputs import writable, write_output
+from einspace.search.columns import Columns
 from einspace.search.config import Experiment
 from einspace.search.loop import SearchRun
 from einspace.search.store import Record, Status
@@ -116,9 +117,7 @@ def _png(fig: Figure) -> str:
     return data_uri(fig, "png")
 
 
-def _report_png(
-    draw: Callable[[list[Record], BinaryIO, str], None], history: list[Record], title: str
-) -> str:
+def _report_png(draw: Callable[[Columns, BinaryIO, str], None], history: Columns, title: str) -> str:
     """One of the console report's plots (`plot_fitness`, `plot_compute`) as a data URI."""
     buffer = io.BytesIO()
     draw(history, buffer, title)
@@ -234,7 +233,7 @@ def _settings_rows(experiment: Experiment | None) -> list[tuple[str, Any]]:
     ]
 
 
-def _compute_section(history: list[Record], name: str, checkpoint: dict[str, Any] | None) -> list[str]:
+def _compute_section(history: Columns, name: str, checkpoint: dict[str, Any] | None) -> list[str]:
     """The best so far against the compute spent, and a table of where the compute went."""
     from einspace.search.report import compute_rows, plot_compute
 
@@ -263,13 +262,13 @@ def write_html_report(
 
     run_dir = Path(run_dir)
     with SearchRun.open(run_dir, trust_plugins) as run:  # what it read stays readable once closed
-        history, checkpoint = run.store.history(), run.store.load_checkpoint()
+        history, columns, checkpoint = run.store.history(), run.store.columns(), run.store.load_checkpoint()
     path = writable(path if path is not None else run_dir / "report.html")  # before drawing
     name = run.experiment.name if run.experiment else run_dir.name
     window = _window(run.experiment)
     evaluated = _evaluated(history, run)
     counts = Counter(r.status for r in history)
-    best = best_records(history, top)
+    best = best_records(columns, top)
     parts = [
         f"<h1>einspace run {html.escape(name)}</h1>",
         _table(
@@ -286,10 +285,10 @@ def write_html_report(
         ),
         "<h2>Fitness over evaluations</h2>",
         "<p>Each evaluation's fitness in finishing order, the best so far, failures along the bottom.</p>",
-        _img(_report_png(plot_fitness, history, name), "fitness over evaluations")
+        _img(_report_png(plot_fitness, columns, name), "fitness over evaluations")
         if history
         else "<p>no evaluations</p>",
-        *_compute_section(history, name, checkpoint),
+        *_compute_section(columns, name, checkpoint),
         *pareto_section(run, history),
         "<h2>Failures by reason</h2>",
     ]

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import html
 import itertools
+from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
 from einspace.errors import EinspaceError
+from einspace.search.columns import Columns, as_records
 from einspace.search.loop import SearchRun
 from einspace.search.multi_objective import Objectives
 from einspace.search.store import Record
@@ -34,11 +36,13 @@ def _reference_note(objectives: Objectives) -> str:
     return f"reference point ({', '.join(f'{r:g}' for r in objectives.reference)})"
 
 
-def front_lines(run: SearchRun, history: list[Record]) -> list[str]:
-    """The Pareto front as a text table (rank, id, each objective), with the final hypervolume."""
+def front_lines(run: SearchRun, history: Columns | Sequence[Record]) -> list[str]:
+    """The Pareto front as a text table (rank, id, each objective), with the final hypervolume
+    (records are made of the columns only for a multi-objective run)."""
     objectives = objectives_of(run)
     if objectives is None:
         return []
+    history = as_records(history)
     front = objectives.front(history)
     directions = ", ".join(f"{t.label} ({t.direction})" for t in objectives.terms)
     lines = ["", f"Pareto front: {len(front)} non-dominated feasible results over {directions}"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import itertools
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -14,12 +13,17 @@ from typing import Any, BinaryIO
 
 from einspace.errors import EinspaceError
 from einspace.search import compute
+from einspace.search.columns import Columns, as_columns
 from einspace.search.loop import SearchRun
 from einspace.search.store import Record, Status
 from einspace.search.strategy import Strategy
 from einspace.search.successive_halving import PROMOTION
 
+#: What the report's functions read: a history's columns, or its records (tests, small runs).
+History = Columns | Sequence[Record]
+
 __all__ = [
+    "History",
     "best_records",
     "compute_rows",
     "final_summary",
@@ -35,21 +39,31 @@ __all__ = [
 ]
 
 
-def best_records(history: list[Record], k: int) -> list[Record]:
+def best_records(history: History, k: int) -> list[Record]:
     """The k best successful evaluations, ranked as the incumbent is chosen (`einspace.search.compute`:
     the highest fidelity first, then fitness), one per distinct tree: its best-ranked evaluation (a
     cached copy, or a promoted tree's lower rungs, is not another architecture)."""
-    ok = [r for r in history if r.status == Status.OK and r.fitness is not None]
-    best: dict[str, Record] = {}  # hash -> the tree's best-ranked record, in rank order
-    for r in sorted(ok, key=lambda r: (*(-x for x in compute.rank(r)), r.id)):
-        best.setdefault(r.hash, r)
-    return list(best.values())[:k]
+    h = as_columns(history)
+    ranked = []
+    for i, (status, fitness, fidelity, id) in enumerate(
+        zip(h.status, h.fitness, h.fidelity, h.id, strict=True)
+    ):
+        if status == Status.OK and fitness is not None:
+            level, score = compute.level(fidelity, fitness)
+            ranked.append((-level, -score, id, i))
+    ranked.sort()
+    best: dict[str, int] = {}  # hash -> the tree's best-ranked row, in rank order
+    for *_, i in ranked:
+        best.setdefault(h.hash[i], i)
+        if len(best) == k:
+            break
+    return [h.record(i) for i in list(best.values())[:k]]
 
 
-def promotions(history: list[Record]) -> int:
+def promotions(history: History) -> int:
     """Evaluations of an architecture at a higher fidelity (successive halving's promotions): the
     rest are the new architectures a strategy's budget counts."""
-    return sum(r.origin == PROMOTION for r in history)
+    return as_columns(history).origin.count(PROMOTION)
 
 
 def record_tags(r: Record) -> list[str]:
@@ -62,34 +76,36 @@ def record_tags(r: Record) -> list[str]:
     return tags
 
 
-def _measures(history: list[Record]) -> str:
+def _measures(h: Columns) -> str:
     """Which seconds the compute adds up (`Cost.compute_seconds`): GPU, CPU, or wall where nothing
     more was measured (a killed worker, a store older than compute accounting); joined when mixed."""
-    kinds = set()
-    for r in history:
-        if r.status != Status.CACHED:
-            kinds.add(r.measured.measure if r.measured is not None else "wall")
+    kinds = {
+        "wall" if kind is None else kind
+        for kind, status in zip(h.measures, h.status, strict=True)
+        if status != Status.CACHED
+    }
     return "+".join(kind for kind in ("GPU", "CPU", "wall") if kind in kinds)
 
 
 def compute_rows(
-    history: list[Record], checkpoint: dict[str, Any] | None = None
+    history: History, checkpoint: dict[str, Any] | None = None
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """What the whole run spent as (what, how much): in all, on failures, partial results kept and
     when the incumbent was found; then, for a multi-fidelity run, each fidelity's evaluations, for
     one with weight inheritance the share inherited, and for a surrogate-screened one (its
     strategy `checkpoint`), how well the surrogate ranked."""
-    s = compute.summarise(history)
+    h = as_columns(history)
+    s = compute.summarise(h)
     evaluations = sum(n for n, _ in s.by_fidelity.values())
     rows = [
-        ("total", f"{s.total:.1f} s ({_measures(history)}), {evaluations} evaluated"),
+        ("total", f"{s.total:.1f} s ({_measures(h)}), {evaluations} evaluated"),
         ("wasted on failures", f"{s.wasted:.1f} s ({s.wasted_share:.1%})"),
     ]
     if s.partial:
         rows.append(("partial results kept (time budget)", str(s.partial)))
     if s.incumbent_at is not None:
         rows.append(("best found after", f"{s.incumbent_at:.1f} s"))
-    details = _inheritance_rows(history) + _surrogate_rows(checkpoint)
+    details = _inheritance_rows(h) + _surrogate_rows(checkpoint)
     if set(s.by_fidelity) <= {None}:
         return rows, details
     fidelities = []
@@ -102,14 +118,14 @@ def compute_rows(
     return rows, fidelities + details
 
 
-def _inheritance_rows(history: list[Record]) -> list[tuple[str, str]]:
+def _inheritance_rows(h: Columns) -> list[tuple[str, str]]:
     """The share of parameters children inherited from their parents (weight inheritance), and
     how many found no parent weights and trained from a fresh initialisation."""
-    children = [r for r in history if r.status != Status.CACHED and "inherited_share" in r.metrics]
+    children = [h.metrics_of(i) for i in h.having("inherited_share") if h.status[i] != Status.CACHED]
     if not children:
         return []
-    share = sum(r.metrics["inherited_share"] for r in children) / len(children)
-    missing = sum(r.metrics.get("inheritance_missing", 0.0) > 0 for r in children)
+    share = sum(m["inherited_share"] for m in children) / len(children)
+    missing = sum(m.get("inheritance_missing", 0.0) > 0 for m in children)
     text = f"{share:.0%} of parameters on average over {len(children)} children"
     if missing:
         text += f"; {missing} found no parent weights (fresh initialisation)"
@@ -135,29 +151,31 @@ def _stats(tree: str, run: SearchRun) -> str:
         return f"(statistics unavailable: {str(exc).splitlines()[0]})"  # the header says why at length
 
 
-def failure_reasons(history: list[Record]) -> list[tuple[str, int]]:
+def failure_reasons(history: History) -> list[tuple[str, int]]:
     """(first line of the reason, count) of the failed evaluations, most frequent first."""
+    h = as_columns(history)
     reasons: dict[str, int] = {}
-    for r in history:
-        if r.status == Status.FAILED:
-            reason = (r.error or "?").splitlines()[0][:100]
+    for status, error in zip(h.status, h.error, strict=True):
+        if status == Status.FAILED:
+            reason = (error or "?").splitlines()[0][:100]
             reasons[reason] = reasons.get(reason, 0) + 1
     return sorted(reasons.items(), key=lambda item: -item[1])
 
 
-def node_counts(history: list[Record]) -> list[tuple[str, int]]:
+def node_counts(history: History) -> list[tuple[str, int]]:
     """(Ray node id, evaluations that ran there) over the evaluations run on Ray, most first: how
     a search spread over a cluster (cached copies and in-process evaluations ran on no node)."""
-    counts: dict[str, int] = {}
-    for r in history:
-        if r.node is not None:
-            counts[r.node] = counts.get(r.node, 0) + 1
+    counts = Counter(node for node in as_columns(history).node if node is not None)
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
-def succeeded(history: list[Record]) -> bool:
+def succeeded(history: History) -> bool:
     """Whether any evaluation of a run (or a cached copy of one) has a fitness."""
-    return any(r.status != Status.FAILED and r.fitness is not None for r in history)
+    h = as_columns(history)
+    return any(
+        status != Status.FAILED and fitness is not None
+        for status, fitness in zip(h.status, h.fitness, strict=True)
+    )
 
 
 def metric_lines(metrics: dict[str, float]) -> list[str]:
@@ -207,38 +225,26 @@ _CSV_COLUMNS = (
 )
 
 
-def _csv_row(r: Record) -> tuple[object, ...]:
-    """One record's evaluations.csv row, in `_CSV_COLUMNS` order; a measured cost's columns stay
-    empty where none was recorded. (One tuple per record: the file may hold 100,000 rows.)"""
-    m = r.measured
-    cost = ("", "", "", "") if m is None else (m.cpu_seconds, m.gpu_seconds, m.epochs, m.steps)
-    return (
-        r.seq,
-        r.id,
-        r.status,
-        r.fitness,
-        r.origin,
-        " ".join(map(str, r.parents)),
-        r.cached_from,
-        r.hash,
-        r.seconds,
-        r.fidelity,
-        r.partial,
-        compute.compute_of(r),
-        *cost,
-        r.worker,
-        r.node,
-        r.error,
-        json.dumps(r.metrics),
-        r.tree,
-    )
-
-
-def write_csv(history: list[Record], path: Path) -> None:
+def write_csv(history: History, path: Path) -> None:
+    """evaluations.csv, written column by column: parents as ids separated by spaces, metrics as
+    the JSON text the store wrote (`json.dumps` of them, "{}" where none was stored)."""
+    h = as_columns(history)
+    columns = {
+        "parents": h.parent_ids,
+        "partial": list(map(bool, h.partial)),
+        "compute_seconds": h.compute,
+        **{name: h.cost_field(name) for name in ("cpu_seconds", "gpu_seconds", "epochs", "steps")},
+        "metrics": [m or "{}" for m in h.metrics],
+    }
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(_CSV_COLUMNS)
-        writer.writerows(map(_csv_row, history))
+        writer.writerows(
+            zip(
+                *(columns[name] if name in columns else getattr(h, name) for name in _CSV_COLUMNS),
+                strict=True,
+            )
+        )
 
 
 def step_points(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
@@ -249,16 +255,13 @@ def step_points(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], 
     return [xs[i] for i in keep], [ys[i] for i in keep]
 
 
-def fitness_series(history: list[Record]) -> dict[str, tuple[list[float], list[float]]]:
+def fitness_series(history: History) -> dict[str, tuple[list[float], list[float]]]:
     """What fitness.png draws: each scored evaluation (finishing order, fitness), the best so far
     (as `step_points`), and the failures along the bottom (below the lowest fitness, or at 0)."""
-    ok = [
-        (r.seq, r.fitness)
-        for r in history
-        if r.status != Status.FAILED and r.fitness is not None and math.isfinite(r.fitness)
-    ]
+    h = as_columns(history)
+    ok = [(q, f) for q, s, f in zip(h.seq, h.status, h.fitness, strict=True) if compute.scored(s, f)]
     seqs, fitnesses = [float(q) for q, _ in ok], [f for _, f in ok]
-    failed = [float(r.seq) for r in history if r.status == Status.FAILED]  # type: ignore[arg-type]
+    failed = [float(q) for q, s in zip(h.seq, h.status, strict=True) if s == Status.FAILED]
     low = min(fitnesses, default=0.0)
     return {
         "evaluation": (seqs, fitnesses),
@@ -267,7 +270,7 @@ def fitness_series(history: list[Record]) -> dict[str, tuple[list[float], list[f
     }
 
 
-def plot_fitness(history: list[Record], path: Path | BinaryIO, title: str) -> None:
+def plot_fitness(history: History, path: Path | BinaryIO, title: str) -> None:
     """Each evaluation's fitness in finishing order, failures marked along the bottom, and the
     best so far. Points are line markers, not a scatter collection: Agg draws one marker image
     many times, which keeps 100,000 points to a fraction of a second."""
@@ -296,12 +299,13 @@ def _legend(ax: Any, **options: Any) -> None:
         ax.legend(**options)
 
 
-def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> None:
+def plot_compute(history: History, path: Path | BinaryIO, title: str) -> None:
     """The incumbent's fitness against the compute spent so far, and along the bottom the stretch
     of compute each failure took: how much of the run bought nothing."""
     from matplotlib.figure import Figure
 
-    points = compute.best_so_far(history)
+    h = as_columns(history)
+    points = compute.best_so_far(h)
     fig = Figure(figsize=(8, 4.5), dpi=100)
     ax = fig.add_subplot()
     best = [(seconds, fitness) for seconds, fitness in points if fitness is not None]
@@ -309,11 +313,11 @@ def plot_compute(history: list[Record], path: Path | BinaryIO, title: str) -> No
         xs, ys = step_points([x for x, _ in best], [y for _, y in best])
         ax.step(xs, ys, where="post", color="C3", label="best so far")
     starts = [0.0] + [seconds for seconds, _ in points]
-    failed = [(starts[i], compute.compute_of(r)) for i, r in enumerate(history) if r.status == Status.FAILED]
+    failed = [(starts[i], h.compute[i]) for i, status in enumerate(h.status) if status == Status.FAILED]
     if failed:
         # x in seconds, y in axes fractions: a strip along the bottom whatever the fitness scale
         ax.broken_barh(failed, (0, 0.04), transform=ax.get_xaxis_transform(), color="grey", label="failed")
-    ax.set_xlabel(f"compute spent ({_measures(history)} seconds, cumulative, finishing order)")
+    ax.set_xlabel(f"compute spent ({_measures(h)} seconds, cumulative, finishing order)")
     ax.set_ylabel("best fitness so far")
     ax.set_title(title)
     _legend(ax, loc="best")  # failures lie along the bottom
@@ -335,7 +339,7 @@ def final_summary(run_dir: str | Path) -> str:
     evaluated, not a cached copy), and where the report goes."""
     run_dir = Path(run_dir)
     with SearchRun.open(run_dir) as run:
-        history = run.store.history()
+        history = run.store.columns()
         lines = _best_lines(history, run) + _seed_lines(history)
     lines.append(
         f"report: `einspace report {run_dir}` prints the top architectures and writes "
@@ -344,7 +348,7 @@ def final_summary(run_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
-def _best_lines(history: list[Record], run: SearchRun) -> list[str]:
+def _best_lines(history: Columns, run: SearchRun) -> list[str]:
     """The best evaluation's score, statistics and tree; or, when all failed, why."""
     best = best_records(history, 1)
     if best:
@@ -360,15 +364,16 @@ def _best_lines(history: list[Record], run: SearchRun) -> list[str]:
     return lines + [f"  x{n}: {reason}" for reason, n in failure_reasons(history)[:5]]
 
 
-def _seed_lines(history: list[Record]) -> list[str]:
+def _seed_lines(history: Columns) -> list[str]:
     """Each seed's own evaluation (not a cached copy) against the best."""
     lines = []
     best = best_records(history, 1)
-    seeds: dict[str, Record] = {}
-    for r in history:
-        if r.origin.startswith("seed:") and r.status != Status.CACHED:
-            seeds.setdefault(r.origin[len("seed:") :], r)
-    for name, r in seeds.items():
+    seeds: dict[str, int] = {}
+    for i, (origin, status) in enumerate(zip(history.origin, history.status, strict=True)):
+        if origin.startswith("seed:") and status != Status.CACHED:
+            seeds.setdefault(origin[len("seed:") :], i)
+    for name, i in seeds.items():
+        r = history.record(i)
         if r.status == Status.FAILED or r.fitness is None:
             lines.append(f"seed {name}: failed ({(r.error or '?').splitlines()[0][:100]})")
             continue
@@ -392,7 +397,7 @@ def report(
 
     run_dir = Path(run_dir)
     with SearchRun.open(run_dir, trust_plugins) as run:
-        history = run.store.history()
+        history = run.store.columns()
         lines = _header_lines(run, history) + front_lines(run, history) + [""]
         lines += _top_lines(run, best_records(history, top), full)
     write_csv(history, run_dir / "evaluations.csv")
@@ -406,12 +411,12 @@ def report(
     return "\n".join(lines)
 
 
-def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
+def _header_lines(run: SearchRun, history: Columns) -> list[str]:
     """Strategy and evaluator, progress against the budget, what the whole run spent (compute),
     the mean where the strategy's result is one (random sampling), and the commonest failures."""
     e, strategy = run.experiment, _strategy(run)
     budget = strategy.evaluations if strategy else "?"
-    tally = Counter(r.status for r in history)
+    tally = Counter(history.status)
     counts = {s: tally[s] for s in Status}
     strategy_name, evaluator_name = (e.strategy.name, e.evaluator.name) if e else ("?", None)
     promoted, finished = promotions(history), f"{len(history)} of {budget}"
@@ -431,7 +436,11 @@ def _header_lines(run: SearchRun, history: list[Record]) -> list[str]:
         overall, fidelities = compute_rows(history, run.store.load_checkpoint())
         lines.append("compute: " + "; ".join(f"{what} {much}" for what, much in overall))
         lines += [f"  {what}: {much}" for what, much in fidelities]
-    fitnesses = [r.fitness for r in history if r.status != Status.FAILED and r.fitness is not None]
+    fitnesses = [
+        f
+        for s, f in zip(history.status, history.fitness, strict=True)
+        if s != Status.FAILED and f is not None
+    ]
     if fitnesses and strategy and strategy.reports_mean:
         mean = sum(fitnesses) / len(fitnesses)
         sd = math.sqrt(sum((f - mean) ** 2 for f in fitnesses) / max(1, len(fitnesses) - 1))

@@ -20,6 +20,7 @@ from einspace.errors import EinspaceError
 from einspace.evaluators.base import Cost, Status
 
 if TYPE_CHECKING:
+    from einspace.search.columns import Columns
     from einspace.search.compute import Tally
 
 __all__ = ["SCHEMA_VERSION", "Record", "SQLiteStore", "State", "Status", "Store", "StoreError"]
@@ -128,6 +129,13 @@ class Store(ABC):
     @abstractmethod
     def history(self) -> list[Record]:
         """Finished records in finishing order."""
+
+    def columns(self) -> Columns:
+        """The finished records as columns (`einspace.search.columns`), in finishing order: what a
+        report computes from without a `Record` per row."""
+        from einspace.search.columns import Columns
+
+        return Columns.of(self.history())
 
     @abstractmethod
     def running(self) -> list[Record]: ...
@@ -392,6 +400,11 @@ class SQLiteStore(Store):
 
     def history(self) -> list[Record]:
         return self._rows("WHERE state = ? ORDER BY seq", (State.FINISHED,))
+
+    def columns(self) -> Columns:
+        from einspace.search.columns import Columns
+
+        return Columns.read(self._db)
 
     def running(self) -> list[Record]:
         return self._rows("WHERE state = ? ORDER BY id", (State.RUNNING,))
