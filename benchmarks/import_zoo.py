@@ -105,7 +105,9 @@ class ResNet(nn.Module):
 # ----------------------------------------------------------------------------- MobileNetV2, EfficientNet-B0
 
 
-def _conv_bn_act(c_in: int, c_out: int, k: int, s: int, act: type[nn.Module], groups: int = 1) -> nn.Sequential:
+def _conv_bn_act(
+    c_in: int, c_out: int, k: int, s: int, act: type[nn.Module], groups: int = 1
+) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(c_in, c_out, k, s, k // 2, groups=groups, bias=False), nn.BatchNorm2d(c_out), act()
     )
@@ -186,7 +188,7 @@ class MobileNet(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-# ----------------------------------------------------------------------------- VGG (Simonyan & Zisserman 2015)
+# ------------------------------------------------------------------ VGG (Simonyan & Zisserman 2015)
 
 
 class VGG11(nn.Module):
@@ -212,7 +214,7 @@ class VGG11(nn.Module):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
-# ----------------------------------------------------------------------------- ViT (Dosovitskiy et al. 2021), Mixer
+# ----------------------------------------------------------- ViT (Dosovitskiy et al. 2021), Mixer
 
 
 class Attention(nn.Module):
