@@ -326,7 +326,7 @@ MODELS = [
     Model("vit_tiny_avg", lambda s: VisionTransformer(s, 192, 12, 3, False), 224, 112, "exact"),
     Model("vit_small_avg", lambda s: VisionTransformer(s, 384, 12, 6, False), 224, 112, "exact"),
     Model("mixer_s16", lambda s: MlpMixer(s), 224, 112, "exact"),
-    Model("deit_tiny", lambda s: VisionTransformer(s, 192, 12, 3, True), 224, 112, "refused", "class token"),
+    Model("deit_tiny", lambda s: VisionTransformer(s, 192, 12, 3, True), 224, 112, "exact"),
     Model("vgg11", lambda s: VGG11(), 64, 32, "refused", "not that mean"),
 ]
 

@@ -38,6 +38,7 @@ from einspace.network.importer.graph import TracedModel, target_name
 from einspace.network.importer.joins import JoinRules, stack_of_sum
 from einspace.network.importer.layers import LayerRules
 from einspace.network.importer.pieces import Entry, Piece, Route, cancel, common_owner, partner, sequence
+from einspace.network.importer.tokens import TokenRules
 from einspace.seeds import architectures as arch
 from einspace.state import FeatureState
 from einspace.tree import Node, Terminal, format_terminal
@@ -47,10 +48,10 @@ __all__ = ["Converter", "grammar_grid"]
 _HEAD_POOLS = {"mean", "flatten", "view", "reshape", "squeeze"}
 
 
-class Converter(LayerRules, JoinRules, TracedModel):
+class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
     """A traced model and the tree of the grammar built from it: the whole model, chains from an
     output back to its source, layouts and routing modules here; layers in `LayerRules`, joins in
-    `JoinRules`."""
+    `JoinRules`, the class token in `TokenRules`."""
 
     def __init__(self, model: nn.Module, input: FeatureState, grammar: Grammar):
         super().__init__(model, input)
@@ -113,24 +114,25 @@ class Converter(LayerRules, JoinRules, TracedModel):
         end = output.args[0]
         if not isinstance(end, fx.Node) or not isinstance(self.values.get(end), torch.Tensor):
             raise self.fail(output, "the model must return one tensor")
-        head, end = self._head(end)
-        body = sequence(self.assemble(self.chain(end, self.placeholder)))
+        head, end, pooled = self._head(end)
+        body = sequence(self.assemble([*self.chain(end, self.placeholder), *pooled]))
         module = body.module
         if len(module.children) == 1:  # S derives no lone computation: pass on an identity after it
             module = arch.seq(module, arch.identity())
             body = Piece(module, body.entries)
         return arch.network(module), body.entries, head
 
-    def _head(self, end: fx.Node) -> tuple[nn.Linear | None, fx.Node]:
+    def _head(self, end: fx.Node) -> tuple[nn.Linear | None, fx.Node, list[Piece]]:
         """The paper's head at the end (a linear layer of the mean over space or tokens): its
-        linear and the backbone's output; or no head. The mean is checked on the values; what
-        is the identity at inference (dropout, nn.Identity) may stand between, and is left out
-        after the mean (where the grammar has no place for a dropout)."""
+        linear, the backbone's output and what the backbone ends with before the head (class-token
+        pooling); or no head. The mean is checked on the values; what is the identity at inference
+        (dropout, nn.Identity) may stand between, and is left out after the mean (where the
+        grammar has no place for a dropout)."""
         if end.op != "call_module" or not isinstance(self.modules[end.target], nn.Linear):
-            return None, end
+            return None, end, []
         pooled = self.values[end.args[0]]
         if not isinstance(pooled, torch.Tensor) or pooled.dim() != 2:
-            return None, end
+            return None, end, []
         candidates, node = [], end.args[0]
         while isinstance(node, fx.Node) and len(self.inputs(node)) == 1:
             if not (self._head_pool(node) or self.passes_unchanged(node)):
@@ -146,7 +148,11 @@ class Converter(LayerRules, JoinRules, TracedModel):
             mean = value.mean((2, 3) if value.dim() == 4 else 1)
             if mean.shape == pooled.shape and torch.allclose(mean, pooled, rtol=1e-5, atol=1e-6):
                 self.use(end)
-                return self.modules[end.target], source
+                return self.modules[end.target], source, []
+        first = self.pooled_first_token(node) if isinstance(node, fx.Node) else None
+        if first is not None:
+            self.use(end)
+            return self.modules[end.target], *first
         what = self.describe(node) if isinstance(node, fx.Node) else "its input"
         if isinstance(node, fx.Node) and node.target is operator.getitem:
             what += " (a slice, such as a class token x[:, 0])"
@@ -182,9 +188,11 @@ class Converter(LayerRules, JoinRules, TracedModel):
     def step(self, node: fx.Node, start: fx.Node) -> tuple[list[Piece | Route], fx.Node]:
         """What one node (or a run of layout nodes, or an attention) contributes, and where the
         chain goes on (never past `start`)."""
+        if self.first_token(node) and "first_token" in self.grid:
+            return self.first_token_piece(node), self.inputs(node)[0]
         if self.is_layout(node):
             run = [node]
-            while self.inputs(run[0])[0] is not start and self.is_layout(self.inputs(run[0])[0]):
+            while self.inputs(run[0])[0] is not start and self._in_run(self.inputs(run[0])[0]):
                 run.insert(0, self.inputs(run[0])[0])
             source = self.inputs(run[0])[0]
             if not isinstance(self.values[source], torch.Tensor):
@@ -199,7 +207,7 @@ class Converter(LayerRules, JoinRules, TracedModel):
             return self.layout(source, run), source
         if node.target is F.scaled_dot_product_attention:
             return self.attention(node, [])
-        gated = self.squeeze_excite(node)
+        gated = self.squeeze_excite(node) or self.class_token(node)
         if gated is not None:
             return gated
         inputs = self.inputs(node)
@@ -209,6 +217,10 @@ class Converter(LayerRules, JoinRules, TracedModel):
         if len(inputs) != 1:
             raise self.fail(node, "expected one input tensor")
         return self.unary(node, inputs[0]), inputs[0]
+
+    def _in_run(self, node: fx.Node) -> bool:
+        """Whether a run of reshapes goes on back to `node` (not to the grammar's first token)."""
+        return self.is_layout(node) and not (self.first_token(node) and "first_token" in self.grid)
 
     def layout(
         self, source: fx.Node, run: list[fx.Node], base: torch.Tensor | None = None
