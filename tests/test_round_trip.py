@@ -111,6 +111,30 @@ def test_sampled_and_mutated_trees_come_back(grammar_name):
 KNOWN_FAILURES = {"einspace": 2, "einspace_zoo": 3, "einspace_plus": 2, "einspace_1d": 0}
 
 
+@pytest.mark.parametrize(
+    "text,shape",
+    [
+        (
+            "(S (R1 im2col(k=16, s=16, p=0)) (M (R1 permute(order=(2,1))) (M (B clone(b=8)) "
+            "(Branches (M (C identity))*8) (A concat(dim=1, b=8))) (R2 permute(order=(2,1)))) (R2 col2im))",
+            (3, 16, 16),
+        ),
+        (
+            "(S (R1 im2col(k=1, s=1, p=0)) (M (R1 permute(order=(2,1))) (M (B clone(b=2)) "
+            "(Branches [(M (C identity)) (M (C identity))]) (A concat(dim=1, b=2))) (R2 permute(order=(2,1)))) "
+            "(R2 col2im))",
+            (3, 1, 1),
+        ),
+    ],
+    ids=["one_patch", "one_pixel"],
+)
+def test_tokens_permuted_on_an_axis_of_size_one_fold_back_to_their_im2col(text, shape):
+    """One token ([1, D]) swapped to [D, 1], lengthened, swapped back and folded: the swap and the
+    fold are one run of reshapes, which a col2im then a permute of the image also matches on
+    these axes of size 1; only the col2im to the im2col's 1×1 fits the tree."""
+    assert_round_trip(parse_tree(text), "einspace", shape)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("grammar_name", sorted(GRAMMARS))
 def test_five_hundred_trees_of_each_grammar_come_back(grammar_name):

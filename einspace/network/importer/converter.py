@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -218,6 +219,24 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
             raise self.fail(node, "expected one input tensor")
         return self.unary(node, inputs[0]), inputs[0]
 
+    @cached_property
+    def fold_sizes(self) -> set[tuple[int, int]]:
+        """The (height, width) an im2col of the grammar can fold to anywhere in the model: every
+        image's, and what each im2col of the grid makes of it. A col2im folds back to its im2col's:
+        a run of reshapes whose col2im folds to another size is not the tree's."""
+        images = {
+            tuple(v.shape[2:]) for v in self.values.values() if isinstance(v, torch.Tensor) and v.dim() == 4
+        }
+        sizes = set(images)
+        for args in self.grid.get("im2col", ()):
+            k, s, p = (dict(args)[a] for a in ("k", "s", "p"))
+            sizes |= {
+                ((h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1)
+                for h, w in images
+                if min(h, w) + 2 * p >= k
+            }
+        return sizes
+
     def _in_run(self, node: fx.Node) -> bool:
         """Whether a run of reshapes goes on back to `node` (not to the grammar's first token)."""
         return self.is_layout(node) and not (self.first_token(node) and "first_token" in self.grid)
@@ -232,10 +251,16 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
         index = self.index_map(source, run)
         if base is None:
             base = torch.arange(self.values[source].numel()).reshape(self.values[source].shape)
+        chosen = None  # on axes of size 1 several runs move the same elements: one whose folds exist
         for routes in _route_runs(base, index):
-            routed = _routed(base, routes, index.shape)
+            routed, folds = _routed(base, routes, index.shape)
             if routed is not None and routed.shape == index.shape and torch.equal(routed, index):
-                return [Route(self.terminal(run[-1], name, **args), run[-1]) for name, args in routes]
+                if folds <= self.fold_sizes:
+                    chosen = routes
+                    break
+                chosen = routes if chosen is None else chosen
+        if chosen is not None:
+            return [Route(self.terminal(run[-1], name, **args), run[-1]) for name, args in chosen]
         raise self.fail(
             run[-1],
             f"this reshape ({tuple(base.shape)} to {tuple(index.shape)}) is not a routing of the grammar: "
@@ -322,10 +347,13 @@ def _rank_after(routes: list[_RouteOp], rank: int) -> int:
     return rank
 
 
-def _routed(base: torch.Tensor, routes: list[_RouteOp], shape: torch.Size) -> torch.Tensor | None:
-    """`base` moved by the routes, to compare with a result of `shape`; a col2im folds to the
-    height and width that the permute after it (if any) makes `shape`'s. None: it cannot."""
-    x = base
+def _routed(
+    base: torch.Tensor, routes: list[_RouteOp], shape: torch.Size
+) -> tuple[torch.Tensor | None, set[tuple[int, int]]]:
+    """`base` moved by the routes, to compare with a result of `shape`, and the sizes its col2ims
+    fold to; a col2im folds to the height and width that the permute after it (if any) makes
+    `shape`'s. None: it cannot."""
+    x, folds = base, set()
     for i, (name, args) in enumerate(routes):
         if name == "permute":
             x = x.permute(0, *args["order"])
@@ -335,9 +363,10 @@ def _routed(base: torch.Tensor, routes: list[_RouteOp], shape: torch.Size) -> to
             order = routes[i + 1][1]["order"] if i + 1 < len(routes) else (1, 2, 3)
             folded = {axis: shape[k + 1] for k, axis in enumerate(order)}
             if folded[2] * folded[3] != x.shape[1]:
-                return None
+                return None, folds
+            folds.add((folded[2], folded[3]))
             x = x.transpose(1, 2).unflatten(2, (folded[2], folded[3]))
-    return x
+    return x, folds
 
 
 def grammar_grid(grammar: Grammar) -> dict[str, set[tuple[tuple[str, Any], ...]]]:
