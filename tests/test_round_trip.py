@@ -121,8 +121,8 @@ KNOWN_FAILURES = {"einspace": 2, "einspace_zoo": 3, "einspace_plus": 2, "einspac
         ),
         (
             "(S (R1 im2col(k=1, s=1, p=0)) (M (R1 permute(order=(2,1))) (M (B clone(b=2)) "
-            "(Branches [(M (C identity)) (M (C identity))]) (A concat(dim=1, b=2))) (R2 permute(order=(2,1)))) "
-            "(R2 col2im))",
+            "(Branches [(M (C identity)) (M (C identity))]) (A concat(dim=1, b=2))) "
+            "(R2 permute(order=(2,1)))) (R2 col2im))",
             (3, 1, 1),
         ),
     ],
