@@ -26,7 +26,6 @@ from __future__ import annotations
 import itertools
 import operator
 from dataclasses import replace
-from functools import cached_property
 from typing import Any
 
 import torch
@@ -44,7 +43,7 @@ from einspace.seeds import architectures as arch
 from einspace.state import FeatureState
 from einspace.tree import Node, Terminal, format_terminal
 
-__all__ = ["Converter", "grammar_grid"]
+__all__ = ["Converter", "fold_sizes", "grammar_grid"]
 
 _HEAD_POOLS = {"mean", "flatten", "view", "reshape", "squeeze"}
 
@@ -58,6 +57,7 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
         super().__init__(model, input)
         self.grammar = grammar
         self.grid = grammar_grid(grammar)
+        self.fold_sizes = fold_sizes(self.values, self.grid)
         self.substitutions: dict[tuple[str, str], list[fx.Node]] = {}
         self.used: dict[str, fx.Node] = {}
 
@@ -219,24 +219,6 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
             raise self.fail(node, "expected one input tensor")
         return self.unary(node, inputs[0]), inputs[0]
 
-    @cached_property
-    def fold_sizes(self) -> set[tuple[int, int]]:
-        """The (height, width) an im2col of the grammar can fold to anywhere in the model: every
-        image's, and what each im2col of the grid makes of it. A col2im folds back to its im2col's:
-        a run of reshapes whose col2im folds to another size is not the tree's."""
-        images = {
-            tuple(v.shape[2:]) for v in self.values.values() if isinstance(v, torch.Tensor) and v.dim() == 4
-        }
-        sizes = set(images)
-        for args in self.grid.get("im2col", ()):
-            k, s, p = (dict(args)[a] for a in ("k", "s", "p"))
-            sizes |= {
-                ((h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1)
-                for h, w in images
-                if min(h, w) + 2 * p >= k
-            }
-        return sizes
-
     def _in_run(self, node: fx.Node) -> bool:
         """Whether a run of reshapes goes on back to `node` (not to the grammar's first token)."""
         return self.is_layout(node) and not (self.first_token(node) and "first_token" in self.grid)
@@ -367,6 +349,22 @@ def _routed(
             folds.add((folded[2], folded[3]))
             x = x.transpose(1, 2).unflatten(2, (folded[2], folded[3]))
     return x, folds
+
+
+def fold_sizes(
+    values: dict[fx.Node, Any], grid: dict[str, set[tuple[tuple[str, Any], ...]]]
+) -> set[tuple[int, int]]:
+    """The (height, width) an im2col of the grid can fold to anywhere in the model: every image's,
+    and what each im2col of the grid makes of it. A col2im folds back to its im2col's: a run of
+    reshapes whose col2im folds to another size is not the tree's."""
+    images = {tuple(v.shape[2:]) for v in values.values() if isinstance(v, torch.Tensor) and v.dim() == 4}
+    sizes = set(images)
+    for args in grid.get("im2col", ()):
+        k, s, p = (dict(args)[a] for a in ("k", "s", "p"))
+        sizes |= {
+            ((h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1) for h, w in images if min(h, w) + 2 * p >= k
+        }
+    return sizes
 
 
 def grammar_grid(grammar: Grammar) -> dict[str, set[tuple[tuple[str, Any], ...]]]:
