@@ -135,6 +135,24 @@ def test_tokens_permuted_on_an_axis_of_size_one_fold_back_to_their_im2col(text, 
     assert_round_trip(parse_tree(text), "einspace", shape)
 
 
+def test_tokens_made_before_branches_are_folded_in_each():
+    """An im2col before a clone, a col2im in each branch: each branch's fold is a routing module
+    of its own (identity, then col2im), closing the im2col outside."""
+    text = (
+        "(S (R1 im2col(k=1, s=2, p=0)) (M (B clone(b=2)) (Branches [(M (R1 identity) (M (C identity)) "
+        "(R2 col2im)) (M (R1 identity) (M (C leaky_relu)) (R2 col2im))]) (A concat(dim=1, b=2))) "
+        "(R2 identity))"
+    )
+    assert_round_trip(parse_tree(text), "einspace", (3, 16, 16))
+
+
+def test_tokens_folded_without_an_im2col_are_located():
+    """Outside branches, a fold with no im2col before it is the model's, not the grammar's."""
+    model = Lambda(lambda layers, x: x.transpose(1, 2).reshape(x.shape[0], 8, 4, 4))
+    with pytest.raises(ModelImportError, match="tokens folded back to an image without an im2col"):
+        import_model(model, input_state((16, 8)), "einspace")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("grammar_name", sorted(GRAMMARS))
 def test_five_hundred_trees_of_each_grammar_come_back(grammar_name):

@@ -251,7 +251,7 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
 
     # ------------------------------------------------------------- routing modules
 
-    def assemble(self, items: list[Piece | Route]) -> list[Piece]:
+    def assemble(self, items: list[Piece | Route], in_branch: bool = False) -> list[Piece]:
         """Pair routes into routing modules `R1 M R2`: im2col with the col2im that closes it (an
         image-to-tokens routing right after a col2im cancels it), a permute with the next one;
         an unpaired route wraps its neighbour, with identity on the other side."""
@@ -272,9 +272,15 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
                 i += 1
                 continue
             if item.op.op == "col2im" and not out:
-                raise self.fail(
-                    item.node, "tokens folded back to an image without an im2col that opened the fold"
+                if not in_branch:
+                    raise self.fail(
+                        item.node, "tokens folded back to an image without an im2col that opened the fold"
+                    )
+                out.append(
+                    Piece(arch.routing("identity", arch.identity(), item.op), (), self.owner(item.node))
                 )
+                i += 1  # a branch folds tokens that an im2col before the branches made
+                continue
             j = partner(items, i) if item.op.op != "col2im" else None
             if j is not None:
                 inner = sequence(self.assemble(items[i + 1 : j]))
