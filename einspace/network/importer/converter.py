@@ -193,7 +193,7 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
             return self.first_token_piece(node), self.inputs(node)[0]
         if self.is_layout(node):
             run = [node]
-            while self.inputs(run[0])[0] is not start and self._in_run(self.inputs(run[0])[0]):
+            while self.inputs(run[0])[0] is not start and self.in_layout_run(self.inputs(run[0])[0]):
                 run.insert(0, self.inputs(run[0])[0])
             source = self.inputs(run[0])[0]
             if not isinstance(self.values[source], torch.Tensor):
@@ -218,10 +218,6 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
         if len(inputs) != 1:
             raise self.fail(node, "expected one input tensor")
         return self.unary(node, inputs[0]), inputs[0]
-
-    def _in_run(self, node: fx.Node) -> bool:
-        """Whether a run of reshapes goes on back to `node` (not to the grammar's first token)."""
-        return self.is_layout(node) and not (self.first_token(node) and "first_token" in self.grid)
 
     def layout(
         self, source: fx.Node, run: list[fx.Node], base: torch.Tensor | None = None

@@ -93,6 +93,11 @@ class TokenRules:
         wanted = before[:, :1] if keep else before[:, 0]
         return after.shape == wanted.shape and torch.equal(after, wanted)
 
+    def in_layout_run(self, node: fx.Node) -> bool:
+        """Whether a run of reshapes goes on back to `node`: a layout node, not the grammar's first
+        token (`x[:, :1]`, a terminal of its own)."""
+        return self.is_layout(node) and not (self.first_token(node) and "first_token" in self.grid)
+
     def first_token_piece(self, node: fx.Node) -> list[Piece]:
         self.terminal(node, "first_token")
         return [Piece(arch.computation("first_token"), ())]
