@@ -205,8 +205,8 @@ def test_a_slice_before_the_head_is_named_as_the_cause():
     with pytest.raises(ModelImportError) as caught:
         import_model(ClassToken(), input_state((8, 16)))
     message = str(caught.value)
-    assert "the classifier `fc` reads [B, 32]" in message and "class token" in message, message
-    assert "not that mean" in message and "rank 2" not in message
+    assert "class-token pooling (the classifier reads the first token, x[:, 0])" in message, message
+    assert "closest expressible: the mean over the tokens" in message and "rank 2" not in message
     assert f"{HERE}:" in message
 
 

@@ -670,7 +670,10 @@ def test_helpers_of_the_layer_rules():
     ):
         assert not exact_but_groups(conv), conv
     grid = grammar_grid(ZOO)
-    assert grid["linear"] == {(("d", d),) for d in (16, 32, 64, 128, 256, 512, 1024, 2048)}
+    paper = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    zoo = (24, 40, 48, 49, 80, 96, 112, 144, 160, 192, 196, 240, 320, 384, 480, 576, 672, 768, 960, 1152)
+    assert grid["linear"] == {(("d", d),) for d in (*paper, *zoo, 1280, 1536, 3072)}
+    assert grammar_grid(PAPER)["linear"] == {(("d", d),) for d in paper}
     assert (
         (("k", 3), ("s", 2), ("p", 1)) in grid["max_pool"]
         and "relu" in grid

@@ -10,6 +10,8 @@ from torch.nn import GELU, AvgPool2d, Dropout, Hardswish, MaxPool2d, ReLU, ReLU6
 
 __all__ = [
     "ChannelNorm",
+    "ClassToken",
+    "FirstToken",
     "GELU",
     "AvgPool2d",
     "DepthwiseConv",
@@ -81,3 +83,21 @@ class ChannelNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ClassToken(nn.Module):
+    """A learnt token [1, 1, D] put in front of the tokens of each sample (normal, std 0.02)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.token = nn.Parameter(0.02 * torch.randn(1, 1, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.token.expand(x.shape[0], -1, -1), x], dim=1)
+
+
+class FirstToken(nn.Module):
+    """The first token, kept as a sequence of one: [B, N, D] -> [B, 1, D]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :1]

@@ -175,8 +175,10 @@ BUILTIN_OPERATIONS = {
     "einspace.ops.zoo": (
         "avg_pool",
         "channel_norm",
+        "class_token",
         "depthwise_conv",
         "dropout",
+        "first_token",
         "gelu",
         "grouped_conv",
         "hardswish",

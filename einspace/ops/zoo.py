@@ -1,6 +1,7 @@
 """The terminals of the architectures people use (issue 25), for the `einspace_zoo` grammar:
 activations, dropout, max and average pooling, depthwise and grouped convolution,
-squeeze-and-excitation, layer scale, a layer norm over an image's channels.
+squeeze-and-excitation, layer scale, a layer norm over an image's channels, a class token and
+class-token pooling (the first token).
 
 Shapes exclude the batch axis; FLOPs are per sample with a multiply-add counted as 2 (as in
 `core`). Per element: ReLU 1, ReLU6 2 (two clamps), SiLU 4 (x·σ(x): exponent, sum, divide,
@@ -302,3 +303,53 @@ class ChannelNorm(UnaryOperation):
 
     def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
         return (mode, 1) if b == 1 and mode == IM else None
+
+
+# ---------------------------------------------------------------- class token (ViT, DeiT)
+
+
+class _Tokens(UnaryOperation):
+    """An operation on tokens [N, D] (col mode only) that computes nothing (FLOPs 0)."""
+
+    group = Group.COMPUTATION
+    exportable = True
+
+    def _tokens_only(self, state: FeatureState) -> None:
+        if state.mode == IM:
+            raise infeasible(f"{self.name} needs tokens (col mode), got {state}")
+
+    def abstract(self, mode: str, b: int, args: Mapping[str, Any]) -> tuple[str, int] | None:
+        return (mode, 1) if b == 1 and mode != IM else None
+
+
+@register_op
+class ClassToken(_Tokens):
+    """A learnt token put in front of the tokens (ViT's class token): [N, D] -> [N + 1, D].
+    Params: D."""
+
+    name = "class_token"
+
+    def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
+        self._tokens_only(state)
+        return state._replace(shape=(state.shape[0] + 1, *state.shape[1:]))
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.ClassToken(state.shape[-1])
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return state.shape[-1]
+
+
+@register_op
+class FirstToken(_Tokens):
+    """The first token alone, [N, D] -> [1, D]: class-token pooling, the head's mean over one
+    token being that token (ViT's `x[:, 0]`)."""
+
+    name = "first_token"
+
+    def apply(self, state: FeatureState, args: Mapping[str, Any]) -> FeatureState:
+        self._tokens_only(state)
+        return state._replace(shape=(1, *state.shape[1:]))
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.FirstToken()

@@ -406,6 +406,18 @@ def _channel_norm(writer: Writer, scope: Instance, module: _zoo_modules.ChannelN
     return out
 
 
+def _class_token(writer: Writer, scope: Instance, module: _zoo_modules.ClassToken, x: str, out: str) -> str:
+    slots = (("width", module.token.shape[-1]),)
+    token = scope.add("cls_token", "nn.Parameter(torch.zeros(1, 1, {}))", slots, {"": module.token})
+    scope.line(f"{out} = torch.cat([{token}.expand({x}.shape[0], -1, -1), {x}], dim=1)")
+    return out
+
+
+def _first_token(writer: Writer, scope: Instance, module: _zoo_modules.FirstToken, x: str, out: str) -> str:
+    scope.line(f"{out} = {x}[:, :1]")
+    return out
+
+
 def _unary_calibration(writer: Writer, scope: Instance, module: Calibration, x: str, out: str) -> str:
     scope.line(f"{out} = {writer.calibration(scope, module, x, x)}")
     return out
@@ -441,6 +453,8 @@ _HANDLERS: dict[type, _Handler] = {
     _zoo_modules.SqueezeExcite: _squeeze_excite,
     _zoo_modules.LayerScale: _layer_scale,
     _zoo_modules.ChannelNorm: _channel_norm,
+    _zoo_modules.ClassToken: _class_token,
+    _zoo_modules.FirstToken: _first_token,
 }
 
 

@@ -38,24 +38,26 @@ from einspace.network.importer.graph import TracedModel, target_name
 from einspace.network.importer.joins import JoinRules, stack_of_sum
 from einspace.network.importer.layers import LayerRules
 from einspace.network.importer.pieces import Entry, Piece, Route, cancel, common_owner, partner, sequence
+from einspace.network.importer.tokens import TokenRules
 from einspace.seeds import architectures as arch
 from einspace.state import FeatureState
 from einspace.tree import Node, Terminal, format_terminal
 
-__all__ = ["Converter", "grammar_grid"]
+__all__ = ["Converter", "fold_sizes", "grammar_grid"]
 
 _HEAD_POOLS = {"mean", "flatten", "view", "reshape", "squeeze"}
 
 
-class Converter(LayerRules, JoinRules, TracedModel):
+class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
     """A traced model and the tree of the grammar built from it: the whole model, chains from an
     output back to its source, layouts and routing modules here; layers in `LayerRules`, joins in
-    `JoinRules`."""
+    `JoinRules`, the class token in `TokenRules`."""
 
     def __init__(self, model: nn.Module, input: FeatureState, grammar: Grammar):
         super().__init__(model, input)
         self.grammar = grammar
         self.grid = grammar_grid(grammar)
+        self.fold_sizes = fold_sizes(self.values, self.grid)
         self.substitutions: dict[tuple[str, str], list[fx.Node]] = {}
         self.used: dict[str, fx.Node] = {}
 
@@ -113,24 +115,25 @@ class Converter(LayerRules, JoinRules, TracedModel):
         end = output.args[0]
         if not isinstance(end, fx.Node) or not isinstance(self.values.get(end), torch.Tensor):
             raise self.fail(output, "the model must return one tensor")
-        head, end = self._head(end)
-        body = sequence(self.assemble(self.chain(end, self.placeholder)))
+        head, end, pooled = self._head(end)
+        body = sequence(self.assemble([*self.chain(end, self.placeholder), *pooled]))
         module = body.module
         if len(module.children) == 1:  # S derives no lone computation: pass on an identity after it
             module = arch.seq(module, arch.identity())
             body = Piece(module, body.entries)
         return arch.network(module), body.entries, head
 
-    def _head(self, end: fx.Node) -> tuple[nn.Linear | None, fx.Node]:
+    def _head(self, end: fx.Node) -> tuple[nn.Linear | None, fx.Node, list[Piece]]:
         """The paper's head at the end (a linear layer of the mean over space or tokens): its
-        linear and the backbone's output; or no head. The mean is checked on the values; what
-        is the identity at inference (dropout, nn.Identity) may stand between, and is left out
-        after the mean (where the grammar has no place for a dropout)."""
+        linear, the backbone's output and what the backbone ends with before the head (class-token
+        pooling); or no head. The mean is checked on the values; what is the identity at inference
+        (dropout, nn.Identity) may stand between, and is left out after the mean (where the
+        grammar has no place for a dropout)."""
         if end.op != "call_module" or not isinstance(self.modules[end.target], nn.Linear):
-            return None, end
+            return None, end, []
         pooled = self.values[end.args[0]]
         if not isinstance(pooled, torch.Tensor) or pooled.dim() != 2:
-            return None, end
+            return None, end, []
         candidates, node = [], end.args[0]
         while isinstance(node, fx.Node) and len(self.inputs(node)) == 1:
             if not (self._head_pool(node) or self.passes_unchanged(node)):
@@ -146,7 +149,11 @@ class Converter(LayerRules, JoinRules, TracedModel):
             mean = value.mean((2, 3) if value.dim() == 4 else 1)
             if mean.shape == pooled.shape and torch.allclose(mean, pooled, rtol=1e-5, atol=1e-6):
                 self.use(end)
-                return self.modules[end.target], source
+                return self.modules[end.target], source, []
+        first = self.pooled_first_token(node) if isinstance(node, fx.Node) else None
+        if first is not None:
+            self.use(end)
+            return self.modules[end.target], *first
         what = self.describe(node) if isinstance(node, fx.Node) else "its input"
         if isinstance(node, fx.Node) and node.target is operator.getitem:
             what += " (a slice, such as a class token x[:, 0])"
@@ -182,9 +189,11 @@ class Converter(LayerRules, JoinRules, TracedModel):
     def step(self, node: fx.Node, start: fx.Node) -> tuple[list[Piece | Route], fx.Node]:
         """What one node (or a run of layout nodes, or an attention) contributes, and where the
         chain goes on (never past `start`)."""
+        if self.first_token(node) and "first_token" in self.grid:
+            return self.first_token_piece(node), self.inputs(node)[0]
         if self.is_layout(node):
             run = [node]
-            while self.inputs(run[0])[0] is not start and self.is_layout(self.inputs(run[0])[0]):
+            while self.inputs(run[0])[0] is not start and self.in_layout_run(self.inputs(run[0])[0]):
                 run.insert(0, self.inputs(run[0])[0])
             source = self.inputs(run[0])[0]
             if not isinstance(self.values[source], torch.Tensor):
@@ -199,7 +208,7 @@ class Converter(LayerRules, JoinRules, TracedModel):
             return self.layout(source, run), source
         if node.target is F.scaled_dot_product_attention:
             return self.attention(node, [])
-        gated = self.squeeze_excite(node)
+        gated = self.squeeze_excite(node) or self.class_token(node)
         if gated is not None:
             return gated
         inputs = self.inputs(node)
@@ -220,10 +229,16 @@ class Converter(LayerRules, JoinRules, TracedModel):
         index = self.index_map(source, run)
         if base is None:
             base = torch.arange(self.values[source].numel()).reshape(self.values[source].shape)
+        chosen = None  # on axes of size 1 several runs move the same elements: one whose folds exist
         for routes in _route_runs(base, index):
-            routed = _routed(base, routes, index.shape)
+            routed, folds = _routed(base, routes, index.shape)
             if routed is not None and routed.shape == index.shape and torch.equal(routed, index):
-                return [Route(self.terminal(run[-1], name, **args), run[-1]) for name, args in routes]
+                if folds <= self.fold_sizes:
+                    chosen = routes
+                    break
+                chosen = routes if chosen is None else chosen
+        if chosen is not None:
+            return [Route(self.terminal(run[-1], name, **args), run[-1]) for name, args in chosen]
         raise self.fail(
             run[-1],
             f"this reshape ({tuple(base.shape)} to {tuple(index.shape)}) is not a routing of the grammar: "
@@ -232,7 +247,7 @@ class Converter(LayerRules, JoinRules, TracedModel):
 
     # ------------------------------------------------------------- routing modules
 
-    def assemble(self, items: list[Piece | Route]) -> list[Piece]:
+    def assemble(self, items: list[Piece | Route], in_branch: bool = False) -> list[Piece]:
         """Pair routes into routing modules `R1 M R2`: im2col with the col2im that closes it (an
         image-to-tokens routing right after a col2im cancels it), a permute with the next one;
         an unpaired route wraps its neighbour, with identity on the other side."""
@@ -253,9 +268,15 @@ class Converter(LayerRules, JoinRules, TracedModel):
                 i += 1
                 continue
             if item.op.op == "col2im" and not out:
-                raise self.fail(
-                    item.node, "tokens folded back to an image without an im2col that opened the fold"
+                if not in_branch:
+                    raise self.fail(
+                        item.node, "tokens folded back to an image without an im2col that opened the fold"
+                    )
+                out.append(
+                    Piece(arch.routing("identity", arch.identity(), item.op), (), self.owner(item.node))
                 )
+                i += 1  # a branch folds tokens that an im2col before the branches made
+                continue
             j = partner(items, i) if item.op.op != "col2im" else None
             if j is not None:
                 inner = sequence(self.assemble(items[i + 1 : j]))
@@ -310,10 +331,13 @@ def _rank_after(routes: list[_RouteOp], rank: int) -> int:
     return rank
 
 
-def _routed(base: torch.Tensor, routes: list[_RouteOp], shape: torch.Size) -> torch.Tensor | None:
-    """`base` moved by the routes, to compare with a result of `shape`; a col2im folds to the
-    height and width that the permute after it (if any) makes `shape`'s. None: it cannot."""
-    x = base
+def _routed(
+    base: torch.Tensor, routes: list[_RouteOp], shape: torch.Size
+) -> tuple[torch.Tensor | None, set[tuple[int, int]]]:
+    """`base` moved by the routes, to compare with a result of `shape`, and the sizes its col2ims
+    fold to; a col2im folds to the height and width that the permute after it (if any) makes
+    `shape`'s. None: it cannot."""
+    x, folds = base, set()
     for i, (name, args) in enumerate(routes):
         if name == "permute":
             x = x.permute(0, *args["order"])
@@ -323,9 +347,26 @@ def _routed(base: torch.Tensor, routes: list[_RouteOp], shape: torch.Size) -> to
             order = routes[i + 1][1]["order"] if i + 1 < len(routes) else (1, 2, 3)
             folded = {axis: shape[k + 1] for k, axis in enumerate(order)}
             if folded[2] * folded[3] != x.shape[1]:
-                return None
+                return None, folds
+            folds.add((folded[2], folded[3]))
             x = x.transpose(1, 2).unflatten(2, (folded[2], folded[3]))
-    return x
+    return x, folds
+
+
+def fold_sizes(
+    values: dict[fx.Node, Any], grid: dict[str, set[tuple[tuple[str, Any], ...]]]
+) -> set[tuple[int, int]]:
+    """The (height, width) an im2col of the grid can fold to anywhere in the model: every image's,
+    and what each im2col of the grid makes of it. A col2im folds back to its im2col's: a run of
+    reshapes whose col2im folds to another size is not the tree's."""
+    images = {tuple(v.shape[2:]) for v in values.values() if isinstance(v, torch.Tensor) and v.dim() == 4}
+    sizes = set(images)
+    for args in grid.get("im2col", ()):
+        k, s, p = (dict(args)[a] for a in ("k", "s", "p"))
+        sizes |= {
+            ((h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1) for h, w in images if min(h, w) + 2 * p >= k
+        }
+    return sizes
 
 
 def grammar_grid(grammar: Grammar) -> dict[str, set[tuple[tuple[str, Any], ...]]]:

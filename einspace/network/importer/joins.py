@@ -93,7 +93,9 @@ class JoinRules:
         else:  # one part of a chunk per branch: the chain goes on before the chunk
             split, starts = parts
             fork = self.inputs(fork)[0]
-        branches = [sequence(self.assemble(self.chain(value, start))) for value, start in starts]
+        branches = [
+            sequence(self.assemble(self.chain(value, start), in_branch=True)) for value, start in starts
+        ]
         if merge.op == "add" and split.op == "clone":  # shortcuts last, as residual() writes them
             branches.sort(key=lambda branch: branch.module == arch.identity())
         modules = [branch.module for branch in branches]
