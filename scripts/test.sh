@@ -4,9 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-# On every core (pytest-xdist, one worker per core; `-n 0` after the arguments runs serially). With
-# loadgroup the tests marked `ray` share one worker (tests/conftest.py); the rest go where there is room.
-.venv/bin/python -m pytest -q --durations=15 -n auto --dist loadgroup "$@"
+# On every core (pytest-xdist: one worker per core, tests handed to whichever is free; `-n 0` after
+# the arguments runs serially). Each worker runs its own module fixtures, and its own local Ray
+# instance when it gets tests of test_search_ray.py. (`--dist loadgroup` would keep the `ray` tests on
+# one worker, but with pytest 9.2 it silently groups nothing: pytest-xdist issue 1386.)
+.venv/bin/python -m pytest -q --durations=15 -n auto "$@"
 # The notebooks, executed top to bottom (about 2 minutes); skipped when pytest was given arguments.
 if [ $# -eq 0 ]; then
   .venv/bin/python -m pytest -q -n auto notebooks

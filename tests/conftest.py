@@ -7,16 +7,6 @@ from collections.abc import Iterator
 import pytest
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist with `--dist loadgroup` (scripts/test.sh) the tests marked `ray` run on
-    one worker, in their usual order: one local Ray instance at a time, its module fixture started
-    once, instead of one per worker, each sized for the whole machine. Without xdist: no effect."""
-    for item in items:
-        if item.get_closest_marker("ray") is not None:
-            item.add_marker(pytest.mark.xdist_group("ray"))
-
-
 @pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:
     """One torch thread for a module of tiny networks: a thread pool only adds synchronisation,
