@@ -32,7 +32,9 @@ def test_datasets_lists_the_builtins(capsys) -> None:
 def test_evaluate_trains_on_train_and_valid_and_reports_test(capsys, tmp_path: Path) -> None:
     tree = tmp_path / "tiny.tree"
     tree.write_text(TINY)
-    code, out, err = run(capsys, "evaluate", str(tree), "--dataset", "digits", "--epochs", "1", "--json")
+    # on the CPU where a GPU is present too (device auto would pick it): the threshold is the CPU's
+    argv = ["evaluate", str(tree), "--dataset", "digits", "--epochs", "1", "--json", "--device", "cpu"]
+    code, out, err = run(capsys, *argv)
     assert code == 0, err
     metrics = json.loads(out.split("\n", 1)[1])
     assert metrics["test_accuracy"] > 0.5 and metrics["epochs"] == 1
@@ -66,7 +68,8 @@ def test_evaluate_errors_exit_2_without_traceback(capsys, tmp_path: Path) -> Non
     code, _, err = run(capsys, "evaluate", "no_such_seed", "--dataset", "digits")
     assert code == 2 and "no seed or tree file 'no_such_seed'" in err
     (tmp_path / "tiny.tree").write_text(TINY)
-    code, _, err = run(capsys, "evaluate", str(tmp_path / "tiny.tree"), "--dataset", "digits", "--lr", "1e9")
+    argv = ["evaluate", str(tmp_path / "tiny.tree"), "--dataset", "digits", "--lr", "1e9", "--device", "cpu"]
+    code, _, err = run(capsys, *argv)
     assert code == 2 and "training loss became" in err
 
 
@@ -77,7 +80,8 @@ def test_evaluate_takes_the_recipe_from_an_experiment_file(capsys, tmp_path: Pat
     (tmp_path / "exp.yaml").write_text(
         "grammar: einspace\n"
         "input: {shape: [1, 8, 8]}\n"
-        "evaluator: {name: training, settings: {dataset: digits, epochs: 8, batch_size: 64, lr: 1.0e+9}}\n"
+        "evaluator: {name: training, settings: {dataset: digits, epochs: 8, batch_size: 64, lr: 1.0e+9,"
+        " device: cpu}}\n"
         "strategy: {name: random_search}\n"
         "executor: {kind: in_process}\n"
     )

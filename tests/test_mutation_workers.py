@@ -29,6 +29,14 @@ def device(monkeypatch):
     return state
 
 
+@pytest.fixture
+def no_share(monkeypatch):
+    """No GPU share in the environment; the one `warm_up` sets there is removed after the test,
+    else it stays for the rest of the process (later tests, and Ray instances started there)."""
+    monkeypatch.setenv(worker.GPU_SHARE_ENV, "")  # recorded as absent before: undone after the test
+    monkeypatch.delenv(worker.GPU_SHARE_ENV)
+
+
 def _after(device: dict, held: int) -> str | None:
     device["bytes"] = 100 * MIB + held
     return worker.after_evaluation(None)
@@ -104,10 +112,9 @@ def test_an_empty_share_is_the_whole_device(monkeypatch):
     assert worker.gpu_share() == 0.5
 
 
-def test_warm_up_records_the_share_and_calibrates_mixed_precision_on_the_gpu(monkeypatch):
+def test_warm_up_records_the_share_and_calibrates_mixed_precision_on_the_gpu(monkeypatch, no_share):
     from einspace.evaluators import _runtime, base, time_model
 
-    monkeypatch.delenv(worker.GPU_SHARE_ENV, raising=False)
     seen: list = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: seen.append("synchronize"))
@@ -131,8 +138,7 @@ def test_warm_up_records_the_share_and_calibrates_mixed_precision_on_the_gpu(mon
     ]
 
 
-def test_warm_up_without_a_gpu_only_records_the_share(monkeypatch):
-    monkeypatch.delenv(worker.GPU_SHARE_ENV, raising=False)
+def test_warm_up_without_a_gpu_only_records_the_share(monkeypatch, no_share):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pytest.fail("no GPU to touch"))
     worker.warm_up(0.5)

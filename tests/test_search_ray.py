@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -352,27 +353,32 @@ def test_memory_packing_sizes_queues_and_reuses_workers(tmp_path):
     assert pid[1] == pid[0] and pid[2] != pid[3] and pid[4] in (pid[2], pid[3])
 
 
-def test_a_killed_drivers_local_ray_is_cleaned_up_at_the_next_start():
-    """SIGKILL leaves the raylet's agents alive; the next local start reaps them."""
+def test_a_killed_drivers_local_ray_is_cleaned_up_at_the_next_start(tmp_path):
+    """SIGKILL leaves the raylet's agents alive; the next local start reaps them. The driver
+    records its session under a temporary directory of its own (Ray's stays where it was): in the
+    shared one, any other local start meanwhile (a parallel test worker's) would reap it first."""
     code = (
         "import os; from einspace.search.executors import RayExecutor; RayExecutor(local_cpus=1); "
         "print(os.getpid(), flush=True); import time; time.sleep(300)"
     )
+    records = tmp_path / ray_local.RECORDS.relative_to(tempfile.gettempdir())
+    ray_tmp = os.environ.get("RAY_TMPDIR", tempfile.gettempdir())
+    env = {**os.environ, "TMPDIR": str(tmp_path), "RAY_TMPDIR": ray_tmp}
     driver = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )
     try:
         pid = int(driver.stdout.readline())
-        record = json.loads((ray_local.RECORDS / f"{pid}.json").read_text())
+        record = json.loads((records / f"{pid}.json").read_text())
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
     session = record["session_dir"]
     left = wait_for(lambda: _settled(session), 30, "the session's processes settling after the kill")
     assert left, "nothing left behind to clean up"
-    ray_local.reap_orphaned_sessions()  # what start_local_ray does first
+    ray_local.reap_orphaned_sessions(records)  # what start_local_ray does first
     wait_for(lambda: not ray_local.session_processes(session), 10, "reaping the session's processes")
-    assert not (ray_local.RECORDS / f"{pid}.json").exists()
+    assert not (records / f"{pid}.json").exists()
 
 
 def _settled(session: str, quiet: float = 1.0) -> frozenset | None:

@@ -87,7 +87,10 @@ TREE = (
     "(S (M (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=8))) (R2 col2im))"
     " (M (M (C test_gate)) (M (C leaky_relu))))"
 )
-QUICK = {"epochs": 2, "batch_size": 64, "train_subset": 256, "valid_subset": 128, "threads": 1}
+QUICK = {
+    **{"epochs": 2, "batch_size": 64, "train_subset": 256, "valid_subset": 128, "threads": 1},
+    "device": "cpu",  # where a GPU is present too: the gate values compared are float32 training's
+}
 
 
 def _network(tree: str = TREE) -> nn.Module:
