@@ -11,7 +11,7 @@ import pytest
 from einspace import load_grammar
 from einspace.errors import EinspaceError
 from einspace.grammar.analysis import analyse
-from einspace.grammar.learning import learn_probabilities, with_probabilities
+from einspace.grammar.learning import _bounds, learn_probabilities, with_probabilities
 from einspace.state import input_state
 from einspace.tree import parse_tree
 
@@ -91,6 +91,13 @@ def test_the_radii_are_of_the_modes_asked_for() -> None:
 
 
 # ------------------------------------------------- the bisection against every grid step, and _bounds
+
+
+@pytest.fixture(autouse=True)
+def _fresh_bounds() -> None:
+    """Every test analyses its grammar afresh: _bounds' cache may hold what an earlier test, or a
+    process this one was forked from (mutmut's), computed with other code."""
+    _bounds.cache_clear()
 
 
 def _blend_rho(raw, grammar, step: int) -> tuple[list[list[float]], float]:
