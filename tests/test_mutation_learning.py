@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from einspace import load_grammar
-from einspace.errors import EinspaceError
+from einspace.errors import EinspaceError, TreeError
+from einspace.grammar import parse_grammar
 from einspace.grammar.analysis import analyse
-from einspace.grammar.learning import _bounds, learn_probabilities, with_probabilities
+from einspace.grammar.learning import _bounds, learn_probabilities, rule_counts, with_probabilities
 from einspace.state import input_state
 from einspace.tree import parse_tree
 
@@ -197,3 +198,13 @@ def test_by_default_only_the_modes_the_grammar_derives_from_are_bounded() -> Non
     assert sum(_rows(learned.grammar), []) == pytest.approx(sum(_rows(grammar), []))
     asked = learn_probabilities(grammar, input_state((8, 16)), [], modes=("im",))
     assert asked.spectral_radius == {"im": analyse(grammar, "im").spectral_radius}
+
+
+def test_trees_are_checked_against_the_grammar_given() -> None:
+    """Counted by hand for a grammar of its own; a tree it cannot derive is refused by the check
+    against that grammar (a shape-only check would pass it on to the counting)."""
+    grammar = parse_grammar("start S\nS -> identity | leaky_relu @ 0.25\n")
+    trees = [parse_tree("(S identity)"), parse_tree("(S leaky_relu)"), parse_tree("(S identity)")]
+    assert rule_counts(grammar, X, trees) == [[2, 1]]
+    with pytest.raises(TreeError):
+        rule_counts(grammar, X, [parse_tree("(S norm)")])
