@@ -211,6 +211,12 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
 }
 
+#: file -> mutmut's timeout_multiplier where its default (15) is too patient: a mutant is stopped
+#: after 2 * multiplier * (1 s + its tests' time) of CPU. learning.py's bisection loop has mutants
+#: that never end; at 15 each waited minutes for its timeout, at 2 about 4x its tests' time (a
+#: timeout is a hang caught: it counts as killed).
+TIMEOUT_MULTIPLIER: dict[str, float] = {"einspace/grammar/learning.py": 2.0}
+
 #: (file, mutant name) -> why the mutant cannot change behaviour (not counted in the score).
 #: Mutant names are mutmut's: <module path as dots>.x_<function>__mutmut_<n>; for methods
 #: <module>.xǁ<Class>ǁ<method>__mutmut_<n>.
@@ -556,6 +562,8 @@ def _setup_cfg(module: str, tests: tuple[str, ...]) -> str:
         "pytest_add_cli_args =\n    -x\n    -q\n    -p\n    no:cacheprovider",
         "use_git_change_detection = false",
     ]
+    if module in TIMEOUT_MULTIPLIER:
+        lines.append(f"timeout_multiplier = {TIMEOUT_MULTIPLIER[module]}")
     return "\n".join(lines) + "\n"
 
 

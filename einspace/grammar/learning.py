@@ -140,8 +140,7 @@ def learn_probabilities(
     return LearnedGrammar(best[0], counts, good / _SHRINK_STEPS, best[1])
 
 
-@lru_cache(maxsize=32)
-def _bounds(
+def _analysed_bounds(
     grammar: Grammar, modes: tuple[str, ...] | None, max_rho: float
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Per analysed input mode, the largest rho allowed and the original's rho."""
@@ -157,3 +156,8 @@ def _bounds(
         bounds[mode] = max(max_rho, analysis.spectral_radius)
         radii[mode] = analysis.spectral_radius
     return bounds, radii
+
+
+#: _analysed_bounds, remembered: a search learns from the same grammar again and again. (Cached by
+#: wrapping, not by decorating: mutmut leaves decorated functions unmutated.)
+_bounds = lru_cache(maxsize=32)(_analysed_bounds)
