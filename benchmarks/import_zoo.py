@@ -294,15 +294,220 @@ class MixerBlock(nn.Module):
 class MlpMixer(nn.Module):
     """timm's MlpMixer (S/16: width 512, 8 blocks, token MLP 256, channel MLP 2048), mean head."""
 
-    def __init__(self, size: int, width: int = 512, depth: int = 8, classes: int = 1000):
+    def __init__(self, size: int, width: int = 512, depth: int = 8, patch: int = 16, classes: int = 1000):
         super().__init__()
-        self.stem = nn.Conv2d(3, width, 16, 16)
-        self.blocks = nn.Sequential(*(MixerBlock((size // 16) ** 2, width) for _ in range(depth)))
+        self.stem = nn.Conv2d(3, width, patch, patch)
+        self.blocks = nn.Sequential(*(MixerBlock((size // patch) ** 2, width) for _ in range(depth)))
         self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(self.blocks(self.stem(x).flatten(2).transpose(1, 2)))
         return self.head(x.mean(dim=1))
+
+
+# --------------------------------------------- SqueezeNet (Iandola et al. 2016), DenseNet (Huang et al. 2017)
+
+
+class Fire(nn.Module):
+    """torchvision's Fire: a 1×1 squeeze, then 1×1 and 3×3 expands side by side, concatenated."""
+
+    def __init__(self, c_in: int, squeeze: int, expand: int):
+        super().__init__()
+        self.squeeze, self.relu = nn.Conv2d(c_in, squeeze, 1), nn.ReLU(inplace=True)
+        self.expand1x1 = nn.Conv2d(squeeze, expand, 1)
+        self.expand3x3 = nn.Conv2d(squeeze, expand, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.squeeze(x))
+        return torch.cat([self.relu(self.expand1x1(x)), self.relu(self.expand3x3(x))], 1)
+
+
+class SqueezeNet(nn.Module):
+    """torchvision's squeezenet1_0: an unpadded 7×7 stride-2 stem, max-pools with ceil_mode, Fire
+    modules, and a convolutional classifier (1×1 convolution, ReLU, then the mean)."""
+
+    def __init__(self, classes: int = 1000):
+        super().__init__()
+        pool = lambda: nn.MaxPool2d(3, 2, ceil_mode=True)  # noqa: E731
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 96, 7, 2), nn.ReLU(inplace=True), pool(), Fire(96, 16, 64), Fire(128, 16, 64),
+            Fire(128, 32, 128), pool(), Fire(256, 32, 128), Fire(256, 48, 192), Fire(384, 48, 192),
+            Fire(384, 64, 256), pool(), Fire(512, 64, 256),
+        )  # fmt: skip
+        self.classifier = nn.Sequential(
+            nn.Dropout(0.5), nn.Conv2d(512, classes, 1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.classifier(self.features(x)), 1)
+
+
+class DenseLayer(nn.Module):
+    """torchvision's _DenseLayer: BN, ReLU, 1×1 to 4·growth, BN, ReLU, 3×3 to growth, on the
+    concatenation of every earlier feature map of its block."""
+
+    def __init__(self, c_in: int, growth: int):
+        super().__init__()
+        self.norm1, self.conv1 = nn.BatchNorm2d(c_in), nn.Conv2d(c_in, 4 * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(4 * growth)
+        self.conv2 = nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = self.conv1(self.relu(self.norm1(torch.cat(features, 1))))
+        return self.conv2(self.relu(self.norm2(x)))
+
+
+class DenseBlock(nn.ModuleDict):
+    def __init__(self, layers: int, c_in: int, growth: int):
+        super().__init__({f"denselayer{i + 1}": DenseLayer(c_in + i * growth, growth) for i in range(layers)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.values():
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+class DenseNet(nn.Module):
+    """torchvision's densenet121: growth 32, blocks of 6, 12, 24 and 16 layers, transitions (BN,
+    ReLU, 1×1 halving the channels, 2×2 average pool), a final BN and ReLU, mean, fc."""
+
+    def __init__(self, blocks: tuple[int, ...] = (6, 12, 24, 16), growth: int = 32, classes: int = 1000):
+        super().__init__()
+        stem = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        layers: list[nn.Module] = [stem, nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+        c = 64
+        for i, n in enumerate(blocks):
+            layers.append(DenseBlock(n, c, growth))
+            c += n * growth
+            if i < len(blocks) - 1:
+                layers += [nn.BatchNorm2d(c), nn.ReLU(inplace=True), nn.Conv2d(c, c // 2, 1, bias=False)]
+                layers.append(nn.AvgPool2d(2, 2))
+                c //= 2
+        self.features = nn.Sequential(*layers, nn.BatchNorm2d(c), nn.ReLU(inplace=True))
+        self.classifier = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+# ------------------------------------------- ConvMixer (Trockman & Kolter 2023), ConvNeXt (Liu et al. 2022)
+
+
+class Residual(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.fn = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x) + x
+
+
+class ConvMixer(nn.Module):
+    """timm's ConvMixer: a patchify convolution, activation, BN; per block a residual depthwise
+    convolution (padding "same", activation, BN), then a pointwise one (activation, BN); mean, fc."""
+
+    def __init__(self, width: int, depth: int, kernel: int, patch: int, act: type, classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, patch, patch), act(), nn.BatchNorm2d(width))
+        mix = lambda: nn.Conv2d(width, width, kernel, groups=width, padding="same")  # noqa: E731
+        self.blocks = nn.Sequential(*(
+            nn.Sequential(
+                Residual(nn.Sequential(mix(), act(), nn.BatchNorm2d(width))),
+                nn.Conv2d(width, width, 1), act(), nn.BatchNorm2d(width),
+            )
+            for _ in range(depth)
+        ))  # fmt: skip
+        self.pooling, self.head = nn.AdaptiveAvgPool2d((1, 1)), nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pooling(self.blocks(self.stem(x))).flatten(1))
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """timm's LayerNorm2d: a LayerNorm over the channels of an image (permuted there and back)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """timm's ConvNeXtBlock: a 7×7 depthwise convolution, then channels last: LayerNorm, an MLP
+    (4×, GELU), layer scale; the shortcut added back in image layout."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.conv_dw = nn.Conv2d(width, width, 7, padding=3, groups=width)
+        self.norm, self.mlp = nn.LayerNorm(width), Mlp(width, 4 * width)
+        self.gamma = nn.Parameter(torch.full((width,), 0.5))  # timm starts at 1e-6; any value imports alike
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.mlp(self.norm(self.conv_dw(x).permute(0, 2, 3, 1))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """timm's convnext_tiny: a 4×4 patchify stem with LayerNorm2d, stages of 3, 3, 9 and 3 blocks
+    (96 to 768 channels) with LayerNorm2d and a 2×2 stride-2 convolution between them, and a head
+    of mean, LayerNorm, fc (refused: the grammar's head is the fc of the mean)."""
+
+    def __init__(self, depths: tuple[int, ...] = (3, 3, 9, 3), classes: int = 1000):
+        super().__init__()
+        widths = (96, 192, 384, 768)
+        layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 4, 4), LayerNorm2d(widths[0])]
+        for i, (depth, width) in enumerate(zip(depths, widths, strict=True)):
+            if i:
+                layers += [LayerNorm2d(widths[i - 1]), nn.Conv2d(widths[i - 1], width, 2, 2)]
+            layers += [ConvNeXtBlock(width) for _ in range(depth)]
+        self.stages = nn.Sequential(*layers)
+        self.norm, self.fc = nn.LayerNorm(widths[-1]), nn.Linear(widths[-1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(self.stages(x).mean((2, 3))))
+
+
+# ------------------------------------------------------------------------ ResMLP (Touvron et al. 2022)
+
+
+class Affine(nn.Module):
+    """timm's Affine, ResMLP's norm: alpha · x + beta per channel."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.alpha, self.beta = nn.Parameter(torch.ones(1, 1, width)), nn.Parameter(torch.zeros(1, 1, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.beta, self.alpha, x)
+
+
+class ResBlock(nn.Module):
+    """timm's ResBlock: a linear layer across tokens and an MLP across channels, each after an
+    Affine and scaled by a layer scale."""
+
+    def __init__(self, tokens: int, width: int):
+        super().__init__()
+        self.norm1, self.linear_tokens, self.norm2 = Affine(width), nn.Linear(tokens, tokens), Affine(width)
+        self.mlp_channels = Mlp(width, 4 * width)
+        self.ls1, self.ls2 = nn.Parameter(torch.full((width,), 0.1)), nn.Parameter(torch.full((width,), 0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.ls1 * self.linear_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.ls2 * self.mlp_channels(self.norm2(x))
+
+
+class ResMLP(nn.Module):
+    """timm's resmlp_12_224: 16×16 patches, width 384, 12 blocks, a final Affine, mean, fc."""
+
+    def __init__(self, size: int, width: int = 384, depth: int = 12, classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 16, 16)
+        self.blocks = nn.Sequential(*(ResBlock((size // 16) ** 2, width) for _ in range(depth)))
+        self.norm, self.head = Affine(width), nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(self.stem(x).flatten(2).transpose(1, 2))).mean(1))
 
 
 # ----------------------------------------------------------------------------- the table
@@ -328,6 +533,14 @@ MODELS = [
     Model("mixer_s16", lambda s: MlpMixer(s), 224, 112, "exact"),
     Model("deit_tiny", lambda s: VisionTransformer(s, 192, 12, 3, True), 224, 112, "exact"),
     Model("vgg11", lambda s: VGG11(), 64, 32, "refused", "not that mean"),
+    Model("vit_b_16", lambda s: VisionTransformer(s, 768, 12, 12, True), 224, 112, "exact"),
+    Model("mixer_small", lambda s: MlpMixer(s, 128, 4, 4), 32, 32, "exact"),
+    Model("squeezenet1_0", lambda s: SqueezeNet(), 64, 64, "refused", "is not a routing of the grammar"),
+    Model("densenet121", lambda s: DenseNet(), 64, 32, "refused", "is not in the grammar's grid"),
+    Model("convmixer_768_32", lambda s: ConvMixer(768, 32, 7, 7, nn.ReLU), 224, 112, "exact"),
+    Model("convmixer_small", lambda s: ConvMixer(256, 8, 5, 2, nn.GELU), 32, 32, "exact"),
+    Model("convnext_tiny", lambda s: ConvNeXt(), 64, 32, "refused", "not that mean"),
+    Model("resmlp_12", lambda s: ResMLP(s), 224, 112, "refused", "addcmul has no counterpart"),
 ]
 
 

@@ -206,8 +206,15 @@ def _randomised(model: nn.Module) -> nn.Module:
         (MBConv(), (16, 6, 6), "squeeze_excite(r=16, act=silu)"),
         (SENetGate(), (32, 4, 4), "squeeze_excite(r=16, act=relu)"),
         (SqueezeExcitation(48, 2), (48, 3, 3), "squeeze_excite(r=24, act=relu)"),
+        (
+            nn.Sequential(nn.Conv2d(8, 8, 5, padding="same", groups=8)),
+            (8, 6, 6),
+            "depthwise_conv(k=5, s=1, p=2)",
+        ),
+        (nn.Sequential(nn.Conv2d(4, 16, 3, padding="same")), (4, 6, 6), "im2col(k=3, s=1, p=1)"),
+        (nn.Sequential(nn.Conv2d(4, 16, 2, stride=2, padding="valid")), (4, 6, 6), "im2col(k=2, s=2, p=0)"),
     ],
-    ids=["resnext", "resnext-stride-2", "mbconv-se", "senet-linear", "se-r24"],
+    ids=["resnext", "resnext-stride-2", "mbconv-se", "senet-linear", "se-r24", "same-5", "same-3", "valid"],
 )
 def test_blocks_import_exactly_with_their_weights(model, shape, terminal):
     model = _randomised(model)
@@ -218,6 +225,13 @@ def test_blocks_import_exactly_with_their_weights(model, shape, terminal):
     x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(network(x), model.double()(x))
+
+
+def test_padding_same_of_an_even_kernel_is_uneven_and_substituted():
+    """torch pads an even kernel's "same" by one more on the right and bottom: no grid convolution."""
+    with pytest.raises(ModelImportError, match=r"a 4x4 stride-1 convolution, padding same.*not in grammar"):
+        model = nn.Sequential(nn.Conv2d(4, 16, 4, padding="same"))
+        import_model(_randomised(model), input_state((4, 6, 6)), ZOO)
 
 
 def test_without_the_zoo_grammar_a_grouped_convolution_is_substituted():

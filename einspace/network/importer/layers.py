@@ -244,7 +244,7 @@ class LayerRules:
 
     def conv(self, node: fx.Node, module: nn.Conv2d, value: torch.Tensor) -> list[Piece | Route]:
         self.use(node)
-        k, s, p = module.kernel_size, module.stride, module.padding
+        k, s, p = module.kernel_size, module.stride, conv_padding(module)
         out = self.values[node].shape[2:]
         exact = module.groups == 1 and exact_but_groups(module)
         if exact_but_groups(module) and module.groups > 1 and module.in_channels == module.out_channels:
@@ -406,10 +406,23 @@ def activation_name(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
     return _ZOO_FUNCTIONS.get(node.target)  # a function, or a method's name ("relu")
 
 
+def conv_padding(module: nn.Conv2d) -> tuple[int, ...] | str:
+    """A convolution's padding as numbers: "valid" is none, "same" (stride 1) is (k - 1) / 2 on
+    each side where that is whole (odd kernels, no dilation); any other the name as given (torch
+    pads "same" unevenly there, which no grammar's convolution does)."""
+    p = module.padding
+    if p == "valid":
+        return (0,) * len(module.kernel_size)
+    k = module.kernel_size
+    if p == "same" and all(d == 1 and n % 2 for n, d in zip(k, module.dilation, strict=True)):
+        return tuple(n // 2 for n in k)
+    return p
+
+
 def exact_but_groups(module: nn.Conv2d) -> bool:
     """Square kernel, stride and padding, no dilation, zero padding: the grammar's convolutions
     up to their groups."""
-    k, s, p = module.kernel_size, module.stride, module.padding
+    k, s, p = module.kernel_size, module.stride, conv_padding(module)
     plain = module.dilation == (1, 1) and module.padding_mode == "zeros"
     return plain and k[0] == k[1] and s[0] == s[1] and isinstance(p, tuple) and p[0] == p[1]
 
