@@ -660,11 +660,14 @@ def test_what_the_rules_cannot_express_is_refused(case, tmp_path):
 def test_helpers_of_the_layer_rules():
     assert (square(3), square((5, 5)), square([2, 7])) == (3, 5, 2)
     assert exact_but_groups(nn.Conv2d(2, 2, 3, 1, 1))
+    assert exact_but_groups(nn.Conv2d(2, 2, 3, 1, "same"))
+    assert exact_but_groups(nn.Conv2d(2, 2, 2, 2, "valid"))
     for conv in (
         nn.Conv2d(2, 2, (3, 1), 1, 1),
         nn.Conv2d(2, 2, 3, (1, 2), 1),
         nn.Conv2d(2, 2, 3, 1, (1, 0)),
-        nn.Conv2d(2, 2, 3, 1, "same"),
+        nn.Conv2d(2, 2, 4, 1, "same"),  # padded unevenly by torch
+        nn.Conv2d(2, 2, 3, 1, "same", dilation=2),
         nn.Conv2d(2, 2, 3, 1, 1, dilation=2),
         nn.Conv2d(2, 2, 3, 1, 1, padding_mode="circular"),
     ):
