@@ -9,7 +9,7 @@ bash scripts/setup.sh
 # instance when it gets tests of test_search_ray.py. (`--dist loadgroup` would keep the `ray` tests on
 # one worker, but with pytest 9.2 it silently groups nothing: pytest-xdist issue 1386.)
 .venv/bin/python -m pytest -q --durations=15 -n auto "$@"
-# The notebooks, executed top to bottom (about 2 minutes); skipped when pytest was given arguments.
+# The notebooks, executed top to bottom (about half a minute on two cores); skipped when pytest was given arguments.
 if [ $# -eq 0 ]; then
   .venv/bin/python -m pytest -q -n auto notebooks
 fi
