@@ -19,6 +19,8 @@ have spent it. Methods, each from scratch and seeded:
 - RE+I, RE+all (from scratch only): RE with weight inheritance (children start from their
           parent's trained weights where the mutation left the network unchanged), and RE with
           everything: successive halving, surrogate screening and inheritance.
+- RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
+          beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 
 Tasks, none downloaded (generated ones are written as .npz under OUT/data):
 
@@ -120,6 +122,7 @@ TARGET_SPEEDUP, TARGET_WASTE = 3, 0.10
 TARGET_SPEEDUP_EVERYTHING = 5  # RE with successive halving, surrogate and inheritance (issue 26)
 SCREEN = 8  # surrogate-screened methods: proposals per trained child
 TARGET_RHO = 0.5  # issue 26: the surrogate's rank correlation once 50 results are in
+MUTATIONS = (("subtree", 1.0), ("insert", 1.0), ("remove", 1.0))  # +M: every operator alike
 LATE_PAIRS = 30  # screened pairs before those predicted from >= 50 results (see _surrogate)
 
 
@@ -218,6 +221,7 @@ class Method:
     seeded: bool = False
     screen: int = 1  # proposals per trained child, ranked by the surrogate (1: none)
     inherit: bool = False  # children start from their parent's trained weights
+    mutations: tuple[tuple[str, float], ...] = ()  # mutation operators' weights (none: the paper's)
 
     @property
     def everything(self) -> bool:
@@ -232,6 +236,8 @@ METHODS = {
     "RE+SH+S": Method("regularised_evolution", halving=True, screen=SCREEN),
     "RE+I": Method("regularised_evolution", inherit=True),
     "RE+all": Method("regularised_evolution", halving=True, screen=SCREEN, inherit=True),
+    "RE+M": Method("regularised_evolution", mutations=MUTATIONS),
+    "RE+SH+M": Method("regularised_evolution", halving=True, mutations=MUTATIONS),
     "RS-seeded": Method("seeded_random_search", seeded=True),
     "RE-seeded": Method("regularised_evolution", seeded=True),
     "RE+SH-seeded": Method("regularised_evolution", halving=True, seeded=True),
@@ -281,6 +287,8 @@ def experiment(job: Job, run_dir: Path) -> dict[str, Any]:
         strategy = {**raw["strategy"]["settings"], **strategy}
     if method.screen > 1:
         strategy = {**strategy, "screen": method.screen}
+    if method.mutations:
+        strategy = {**strategy, "mutations": dict(method.mutations)}
     executor = (
         {"kind": "in_process"}
         if job.executor == "in_process"

@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from einspace.evaluators.base import Cost, Status
-from einspace.search.store import Record, State
+from einspace.search.store import COLUMN_NAMES, Record, State, record_of_row
 
 __all__ = ["COST_FIELDS", "FIELDS", "Columns", "as_columns", "as_records"]
 
@@ -195,29 +195,8 @@ class Columns:
 
     def record(self, i: int) -> Record:
         """Row i as a `Record`, equal to the store's (for the few records a report prints)."""
-        parents = self.parents[i]
-        return Record(
-            id=self.id[i],
-            tree=self.tree[i],
-            hash=self.hash[i],
-            origin=self.origin[i],
-            parents=tuple(_DECODE(parents)[0]) if parents else (),
-            state=State.FINISHED,
-            status=None if self.status[i] is None else Status(self.status[i]),
-            fitness=self.fitness[i],
-            metrics=self.metrics_of(i),
-            error=self.error[i],
-            cached_from=self.cached_from[i],
-            submitted_at=self.submitted_at[i],
-            finished_at=self.finished_at[i],
-            seconds=self.seconds[i],
-            worker=self.worker[i],
-            seq=self.seq[i],
-            fidelity=self.fidelity[i],
-            partial=bool(self.partial[i]),
-            cost=_DECODE(self.cost[i])[0] if self.cost[i] else {},
-            node=self.node[i],
-        )
+        row = [State.FINISHED.value if name == "state" else getattr(self, name)[i] for name in COLUMN_NAMES]
+        return record_of_row(row)
 
 
 def as_records(history: Columns | Sequence[Record]) -> Sequence[Record]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
+from einspace.sampling.variation import mutation_weights
 from einspace.search.strategy import Candidate, SearchSpace, Strategy, _positive_int, register_strategy
 from einspace.search.surrogate import Surrogate, tree_features
 from einspace.tree import Node, content_hash
@@ -33,6 +34,9 @@ class RegularisedEvolution(Strategy):
     Every told child joins the population and, once it holds more than P, the oldest dies (FIFO),
     whatever its fitness. Failed evaluations join with fitness -inf and age out like the rest.
 
+    `mutations` weighs the mutation operators (`einspace.sampling.variation`: subtree, insert,
+    remove); by default the paper's subtree mutation alone.
+
     With `screen` k > 1, each child is the best of k such proposals as ranked by a `Surrogate`
     fitted to every result told so far (`surrogate`: random_forest or gradient_boosting), once
     `surrogate_min_results` are in; before that, plain RE. Screening prefers trees not proposed
@@ -52,7 +56,9 @@ class RegularisedEvolution(Strategy):
         screen: int = 1,
         surrogate: str = "random_forest",
         surrogate_min_results: int = 20,
+        mutations: dict[str, float] | None = None,
     ):
+        self.mutations = mutation_weights(mutations)  # read by Strategy.__init__'s variation
         super().__init__(space, random_seed, evaluations)
         self.screen = _positive_int("screen", screen)
         min_results = _positive_int("surrogate_min_results", surrogate_min_results, minimum=2)

@@ -43,8 +43,11 @@ class ParetoEvolution(RegularisedEvolution):
         population: int = 100,
         tournament: int = 10,
         crossover: float = 0.0,
+        mutations: dict[str, float] | None = None,
     ):
-        super().__init__(space, random_seed, evaluations, population, tournament, crossover)
+        super().__init__(
+            space, random_seed, evaluations, population, tournament, crossover, mutations=mutations
+        )
         self._order: dict[int, tuple[int, float]] | None = None  # id -> (rank, -crowding), cached
 
     def tell(self, candidate_id: int, fitness: Any, partial: bool = False) -> None:

@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -198,10 +199,47 @@ CREATE TABLE IF NOT EXISTS checkpoint (
 );
 """
 
-_COLUMNS = (
-    "id, tree, hash, origin, parents, state, status, fitness, metrics, error, cached_from, "
-    "submitted_at, finished_at, seconds, worker, seq, fidelity, partial, cost, node"
-)
+#: The stored fields, in the order `record_of_row` reads them.
+COLUMN_NAMES = (
+    "id", "tree", "hash", "origin", "parents", "state", "status", "fitness", "metrics", "error",
+    "cached_from", "submitted_at", "finished_at", "seconds", "worker", "seq", "fidelity", "partial",
+    "cost", "node",
+)  # fmt: skip
+_COLUMNS = ", ".join(COLUMN_NAMES)
+
+
+def record_of_row(r: Sequence[Any]) -> Record:
+    """A stored row, its fields in `_COLUMNS` order, as a `Record`: the one decoding of the JSON
+    and enumerated columns (the store's queries and `einspace.search.columns` share it). Nothing
+    here is per-row work that could be done once: histories run to 100,000 rows."""
+    decode = _DECODER.raw_decode
+    # Record's fields set at once, not through the frozen dataclass's __init__ (one
+    # object.__setattr__ per field: a third of reading a history)
+    record = object.__new__(Record)
+    record.__dict__.update(
+        id=r[0],
+        tree=r[1],
+        hash=r[2],
+        origin=r[3],
+        parents=() if not r[4] or r[4] == "[]" else tuple(decode(r[4])[0]),
+        state=_STATES[r[5]],
+        status=None if r[6] is None else _STATUSES[r[6]],
+        fitness=r[7],
+        metrics=decode(r[8])[0] if r[8] and r[8] != "{}" else {},
+        error=r[9],
+        cached_from=r[10],
+        submitted_at=r[11],
+        finished_at=r[12],
+        seconds=r[13],
+        worker=r[14],
+        seq=r[15],
+        fidelity=r[16],
+        partial=bool(r[17]),
+        cost=decode(r[18])[0] if r[18] else {},
+        node=r[19],
+    )
+    return record
+
 
 #: Statements that bring a store of version k (the key) to version k + 1.
 _MIGRATIONS = {
@@ -353,39 +391,9 @@ class SQLiteStore(Store):
         return self.get(record.id)  # type: ignore[return-value]
 
     def _rows(self, where: str, args: tuple = ()) -> list[Record]:
-        """The records a query selects (histories run to 100,000 rows: nothing here is per-row
-        work that can be done once)."""
+        """The records a query selects (histories run to 100,000 rows)."""
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM evaluations {where}", args).fetchall()
-        decode, new, states, statuses = _DECODER.raw_decode, object.__new__, _STATES, _STATUSES
-        records = []
-        for r in rows:
-            # Record's fields set at once, not through the frozen dataclass's __init__ (one
-            # object.__setattr__ per field: a third of reading a history)
-            record = new(Record)
-            record.__dict__.update(
-                id=r[0],
-                tree=r[1],
-                hash=r[2],
-                origin=r[3],
-                parents=() if r[4] == "[]" else tuple(decode(r[4])[0]),
-                state=states[r[5]],
-                status=None if r[6] is None else statuses[r[6]],
-                fitness=r[7],
-                metrics=decode(r[8])[0] if r[8] and r[8] != "{}" else {},
-                error=r[9],
-                cached_from=r[10],
-                submitted_at=r[11],
-                finished_at=r[12],
-                seconds=r[13],
-                worker=r[14],
-                seq=r[15],
-                fidelity=r[16],
-                partial=bool(r[17]),
-                cost=decode(r[18])[0] if r[18] else {},
-                node=r[19],
-            )
-            records.append(record)
-        return records
+        return list(map(record_of_row, rows))
 
     def get(self, id: int) -> Record | None:
         rows = self._rows("WHERE id = ?", (id,))

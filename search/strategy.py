@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -96,8 +97,10 @@ class SearchSpace:
     def sampler(self, rng: random.Random) -> Sampler | ExactSampler:
         return make_sampler(self.grammar, self.input, self.limits, self.sampling, rng=rng)
 
-    def variation(self, rng: random.Random) -> Variation:
-        return Variation(self.grammar, self.input, self.limits, rng=rng)
+    def variation(self, rng: random.Random, mutations: Mapping[str, float] | None = None) -> Variation:
+        """Mutation and crossover on `rng`, with the mutation operators' weights (None: the
+        paper's subtree mutation alone)."""
+        return Variation(self.grammar, self.input, self.limits, rng=rng, mutations=mutations)
 
 
 def rng_to_json(rng: random.Random) -> list[Any]:
@@ -138,6 +141,9 @@ class Strategy(ABC):
     #: Whether `tell` takes a multi-objective score ([violation, objectives maximised], None for a
     #: failure: `einspace.search.multi_objective`) instead of the fitness.
     multi_objective: ClassVar[bool] = False
+    #: The mutation operators' weights for `self.variation` (`einspace.sampling.variation`);
+    #: a strategy that takes them as a setting sets this before `Strategy.__init__`.
+    mutations: Mapping[str, float] | None = None
 
     def __init__(self, space: SearchSpace, random_seed: int = 0, evaluations: int = 1000):
         self.space = space
@@ -151,7 +157,7 @@ class Strategy(ABC):
     def _bind_rng(self) -> None:
         """(Re)create the samplers on `self.rng`: after a restore they must draw from the restored stream."""
         self.sampler = self.space.sampler(self.rng)
-        self.variation = self.space.variation(self.rng)
+        self.variation = self.space.variation(self.rng, self.mutations)
 
     # ---------------------------------------------------------------- the contract
     def ask(self) -> Candidate | None:

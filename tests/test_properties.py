@@ -448,6 +448,32 @@ def test_mutation_chains_stay_valid(case):
     chain()
 
 
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@_settings(5)
+@given(seed=SEEDS)
+def test_insert_and_remove_chains_stay_valid(case, seed):
+    """Twelve mutations in a row that insert a stage or remove one: every child checks, differs
+    from its parent and stays within limits (or the operator refuses); the last one round-trips,
+    compiles and runs."""
+    grammar, x = _case(case)
+    rng = random.Random(seed)
+    tree = Sampler(grammar, x, VARIATION_LIMITS, rng=rng).sample()
+    variation = Variation(grammar, x, VARIATION_LIMITS, rng=rng, mutations={"insert": 1, "remove": 1})
+    checked = check_tree(tree, grammar, x)
+    for _ in range(12):
+        try:
+            child = variation.mutate(tree)
+        except VariationError:
+            event("no site or no room")
+            continue
+        assert child != tree
+        checked = check_tree(child, grammar, x)
+        _assert_within(checked, VARIATION_LIMITS)
+        tree = child
+    _assert_round_trips(tree)
+    _assert_compiles_and_runs(checked)
+
+
 #: Variation's limits with minimums on the costs that many of the space's trees fall below.
 MINIMUM_LIMITS = Limits(
     max_depth=16, max_nodes=200, max_params=2_000_000, min_params=5_000, min_flops=1_000_000

@@ -1,8 +1,21 @@
-"""Mutation (paper Sec. 4.1) and crossover: new valid trees from old ones."""
+"""Mutation (paper Sec. 4.1) and crossover: new valid trees from old ones.
+
+Three mutation operators, chosen per try by weight (`Variation(mutations=...)`):
+
+- `subtree` (the paper's): a node's subtree derived anew from the signal it receives;
+- `insert`: a new derivation of a node's symbol put before or after the node, the two joined by
+  the symbol's sequence rule (`M -> M M`), so that the node's own subtree is kept whole;
+- `remove`: a node made by a sequence rule replaced by one of its two parts.
+
+`subtree` alone often rebuilds what worked along with what did not; `insert` and `remove` add or
+drop one stage and keep the rest (Real et al., "Large-Scale Evolution of Image Classifiers", 2017:
+insert and remove a layer).
+"""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Mapping
 
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import TreeError, VariationError
@@ -11,6 +24,9 @@ from einspace.sampling.base import Limits, cyclic_gc_paused
 from einspace.sampling.paper import Sampler
 from einspace.state import FeatureState, Signal
 from einspace.tree import Node, Nonterminal, Path_, node_at, replace_at, walk, walk_depths
+
+#: The mutation operators, in the order their weights are drawn (module docstring).
+MUTATIONS = ("subtree", "insert", "remove")
 
 
 def limit_violation(checked: CheckedTree, limits: Limits) -> str | None:
@@ -36,6 +52,44 @@ def _depths_and_sizes(tree: Node) -> tuple[dict[Path_, int], dict[Path_, int]]:
     return depths, sizes
 
 
+def mutation_weights(mutations: Mapping[str, float] | None) -> dict[str, float]:
+    """The operators' weights, checked: known names, non-negative numbers, some weight in all
+    (None: the paper's `subtree` alone)."""
+    if mutations is None:
+        mutations = {"subtree": 1.0}
+    if not isinstance(mutations, Mapping):
+        raise VariationError(f"mutations must map operators {list(MUTATIONS)} to weights, got {mutations!r}")
+    unknown = sorted(set(mutations) - set(MUTATIONS))
+    if unknown:
+        raise VariationError(f"unknown mutation operator(s) {unknown}; the operators are {list(MUTATIONS)}")
+    for name, weight in mutations.items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
+            raise VariationError(f"mutation weight of {name!r} must be a number >= 0, got {weight!r}")
+    if not sum(mutations.values()) > 0:
+        raise VariationError(f"mutation weights {dict(mutations)} are all zero: give some operator a weight")
+    return {name: float(mutations.get(name, 0.0)) for name in MUTATIONS}
+
+
+def sequence_symbols(grammar: Grammar) -> frozenset[str]:
+    """The symbols X with a sequence rule `X -> X X` (under some guard): where `insert` can put a
+    stage and `remove` can take one out."""
+    return frozenset(
+        rule.symbol
+        for rule in grammar.rules
+        for alternative in rule.alternatives
+        if alternative.probability > 0
+        and len(alternative.items) == 2
+        and all(item.kind == "symbol" and item.name == rule.symbol for item in alternative.items)
+    )
+
+
+def _is_sequence(node: Nonterminal) -> bool:
+    """Whether `node` was derived by its symbol's sequence rule: two parts of its own symbol."""
+    return len(node.children) == 2 and all(
+        isinstance(part, Nonterminal) and part.symbol == node.symbol for part in node.children
+    )
+
+
 class Variation:
     """Mutation and crossover for one grammar and input, within `limits`, from one random stream.
 
@@ -50,8 +104,11 @@ class Variation:
         limits: Limits | None = None,
         rng: random.Random | None = None,
         max_tries: int = 50,
+        mutations: Mapping[str, float] | None = None,
     ):
         self.grammar = grammar
+        self.mutations = mutation_weights(mutations)
+        self._sequences = sequence_symbols(grammar)
         self.input = input
         self.limits = limits or Limits()
         self.rng = rng or random.Random()
@@ -66,9 +123,10 @@ class Variation:
         return None if limit_violation(checked, self.limits) else checked
 
     def mutate(self, tree: Node) -> Node:
-        """Pick a non-terminal uniformly (root included) and derive its subtree anew from its
-        inherited signal; downstream nodes are re-checked, and a derivation that breaks them is
-        skipped in favour of the sampler's next one (backtracking, not blind retries)."""
+        """Pick an operator by weight and a site for it uniformly (any non-terminal, root
+        included, for `subtree`), and derive the change from the signal the site receives;
+        downstream nodes are re-checked, and a derivation that breaks them is skipped in favour
+        of the sampler's next one (backtracking, not blind retries)."""
         return self.mutate_checked(tree).tree
 
     def mutate_checked(self, tree: Node) -> CheckedTree:
@@ -79,17 +137,61 @@ class Variation:
     def _mutate(self, tree: Node) -> CheckedTree:
         checked = check_tree(tree, self.grammar, self.input)
         depths, sizes = _depths_and_sizes(tree)
-        total = sizes[()]
-        candidates = [path for path, node in walk(tree) if isinstance(node, Nonterminal)]
-        limits = self.limits
+        sites: dict[str, list[Path_]] = {name: [] for name in MUTATIONS}
+        for path, node in walk(tree):
+            if isinstance(node, Nonterminal):
+                sites["subtree"].append(path)
+                if node.symbol in self._sequences:
+                    sites["insert"].append(path)
+                    if _is_sequence(node):
+                        sites["remove"].append(path)
+        operators = [name for name in MUTATIONS if self.mutations[name] > 0 and sites[name]]
+        if not operators:
+            raise VariationError(
+                f"no site for the mutation operators {[n for n in MUTATIONS if self.mutations[n] > 0]} "
+                "in this tree (insert and remove need a symbol with a sequence rule X -> X X)"
+            )
+        weights = [self.mutations[name] for name in operators]
         for _ in range(self.max_tries):
-            path = self.rng.choice(candidates)
-            facts = checked.facts[path]
+            # one operator: no draw, so the paper's `subtree` alone keeps its random stream
+            operator = operators[0] if len(operators) == 1 else self.rng.choices(operators, weights)[0]
+            path = self.rng.choice(sites[operator])
             old = node_at(tree, path)
-            assert isinstance(old, Nonterminal)
-            params = float("inf")
-            if limits.max_params is not None:
-                params = (limits.max_params - checked.params + facts.params * facts.copies) / facts.copies
+            for new in self._changes(operator, tree, checked, path, depths, sizes):
+                if new == old:
+                    continue
+                child = self._valid(replace_at(tree, path, new))
+                if child is not None:
+                    return child
+        raise VariationError(
+            f"no valid mutation found in {self.max_tries} tries within {self.limits.describe()}; "
+            "the tree may be minimal, or the limits too tight"
+        )
+
+    def _changes(
+        self,
+        operator: str,
+        tree: Node,
+        checked: CheckedTree,
+        path: Path_,
+        depths: dict[Path_, int],
+        sizes: dict[Path_, int],
+    ) -> Iterator[Node]:
+        """The replacements `operator` proposes for the node at `path`, in the order to try them."""
+        old = node_at(tree, path)
+        assert isinstance(old, Nonterminal)
+        if operator == "remove":
+            parts = list(old.children)
+            self.rng.shuffle(parts)
+            yield from parts
+            return
+        facts, limits = checked.facts[path], self.limits
+        params = float("inf")
+        if limits.max_params is not None:
+            own = facts.params if operator == "subtree" else 0
+            params = (limits.max_params - checked.params + own * facts.copies) / facts.copies
+        total = sizes[()]
+        if operator == "subtree":
             derivations = self.sampler.derivations(
                 old.symbol,
                 facts.input,
@@ -98,15 +200,18 @@ class Variation:
                 params,
             )
             for new, _, _, _ in derivations:
-                if new == old:
-                    continue
-                child = self._valid(replace_at(tree, path, new))
-                if child is not None:
-                    return child
-        raise VariationError(
-            f"no valid mutation found in {self.max_tries} tries within {limits.describe()}; "
-            "the tree may be minimal, or the limits too tight"
+                yield new
+            return
+        before = self.rng.random() < 0.5
+        derivations = self.sampler.derivations(
+            old.symbol,
+            facts.input if before else facts.output,
+            limits.max_depth - depths[path],  # one level below the new sequence node
+            limits.max_nodes - total - 1,  # the sequence node itself counts
+            params,
         )
+        for new, _, _, _ in derivations:
+            yield Nonterminal(old.symbol, (new, old) if before else (old, new))
 
     def crossover(self, a: Node, b: Node) -> Node:
         """`a` with one of its subtrees replaced by a subtree of `b` that has the same symbol and

@@ -1,0 +1,228 @@
+"""The mutation operators insert and remove (`einspace.sampling.variation`): what each changes,
+what it keeps, where it applies, and how bad weights are refused."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from einspace import Limits, Variation, check_tree, load_grammar, parse_tree, sample_tree
+from einspace.errors import EinspaceError, VariationError
+from einspace.grammar.parser import parse_grammar
+from einspace.sampling.variation import mutation_weights, sequence_symbols
+from einspace.search.strategy import SearchSpace, get_strategy
+from einspace.state import input_state
+from einspace.tree import Node, Nonterminal, node_at, replace_at, walk
+
+IMAGE = input_state((3, 16, 16))
+LIMITS = Limits(max_depth=14, max_nodes=120)
+PAPER = load_grammar("einspace")
+
+
+def _sequence_paths(tree: Node) -> set[tuple[int, ...]]:
+    return {
+        path
+        for path, node in walk(tree)
+        if isinstance(node, Nonterminal)
+        and node.symbol == "M"
+        and len(node.children) == 2
+        and all(isinstance(c, Nonterminal) and c.symbol == "M" for c in node.children)
+    }
+
+
+def _undo_insert(parent: Node, child: Node) -> bool:
+    """Whether `child` is `parent` with one node X replaced by X(new, X) or X(X, new)."""
+    for path in _sequence_paths(child):
+        seq = node_at(child, path)
+        for kept in seq.children:
+            if replace_at(child, path, kept) == parent and (not path or node_at(parent, path) == kept):
+                return True
+    return False
+
+
+def _undo_remove(parent: Node, child: Node) -> bool:
+    """Whether `child` is `parent` with one sequence node replaced by one of its two parts."""
+    return any(
+        replace_at(parent, path, part) == child
+        for path in _sequence_paths(parent)
+        for part in node_at(parent, path).children
+    )
+
+
+def _trees(count: int) -> list[Node]:
+    return [sample_tree(PAPER, IMAGE, random_seed=s, limits=LIMITS) for s in range(count)]
+
+
+def test_the_paper_grammar_has_one_sequence_symbol():
+    # M -> M M is the sequence rule; S -> M M is not one (S's parts are not S).
+    assert sequence_symbols(PAPER) == {"M"}
+
+
+def test_insert_keeps_the_parent_whole_and_adds_one_stage():
+    variation = Variation(PAPER, IMAGE, LIMITS, rng=random.Random(0), mutations={"insert": 1})
+    grown = 0
+    for tree in _trees(25):
+        try:
+            child = variation.mutate(tree)
+        except VariationError:
+            continue  # a tree at the depth or node limit has no room for another stage
+        grown += 1
+        check_tree(child, PAPER, IMAGE)
+        assert child != tree
+        assert _undo_insert(tree, child), "insert changed more than one stage"
+        assert len(_sequence_paths(child)) >= len(_sequence_paths(tree)) + 1  # the new stage may hold more
+    assert grown >= 15
+    # The new stage goes before the node and after it: both orders occur.
+    orders = set()
+    for seed in range(40):
+        tree = parse_tree("(S (M (C norm)) (M (C leaky_relu)))")
+        child = Variation(PAPER, IMAGE, LIMITS, rng=random.Random(seed), mutations={"insert": 1}).mutate(tree)
+        for path in ((0,), (1,)):  # the two M nodes, the only insert sites
+            if path not in _sequence_paths(child):
+                continue
+            first, second = node_at(child, path).children
+            if first == node_at(tree, path):
+                orders.add("after")
+            if second == node_at(tree, path):
+                orders.add("before")
+    assert orders == {"before", "after"}
+
+
+def test_remove_drops_one_stage_and_keeps_the_rest():
+    variation = Variation(PAPER, IMAGE, LIMITS, rng=random.Random(1), mutations={"remove": 1})
+    removed = 0
+    for tree in _trees(40):
+        if not _sequence_paths(tree):
+            with pytest.raises(VariationError, match="no site for the mutation operators"):
+                variation.mutate(tree)
+            continue
+        try:
+            child = variation.mutate(tree)
+        except VariationError:
+            continue  # every removal would break the shapes downstream
+        check_tree(child, PAPER, IMAGE)
+        assert _undo_remove(tree, child), "remove changed something besides one sequence node"
+        removed += 1
+    assert removed >= 10
+
+
+def test_remove_of_a_known_tree_gives_exactly_its_two_parts():
+    tree = parse_tree("(S (M (M (C norm)) (M (C softmax))) (M (C leaky_relu)))")
+    children = {
+        Variation(PAPER, IMAGE, LIMITS, rng=random.Random(s), mutations={"remove": 1}).mutate(tree)
+        for s in range(20)
+    }
+    assert children == {
+        parse_tree("(S (M (C norm)) (M (C leaky_relu)))"),
+        parse_tree("(S (M (C softmax)) (M (C leaky_relu)))"),
+    }
+
+
+def test_a_minimal_tree_has_nothing_to_remove_but_can_grow():
+    tree = parse_tree("(S (M (C identity)) (M (C identity)))")
+    with pytest.raises(VariationError, match="insert and remove need a symbol with a sequence rule"):
+        Variation(PAPER, IMAGE, LIMITS, mutations={"remove": 1}).mutate(tree)
+    # With remove and subtree, the operator that has a site is used.
+    child = Variation(
+        PAPER, IMAGE, LIMITS, rng=random.Random(0), mutations={"remove": 5, "subtree": 1}
+    ).mutate(tree)
+    assert child != tree
+
+
+def test_a_grammar_without_a_sequence_rule_has_no_insert_site():
+    grammar = parse_grammar("start S\nS -> C C\nC -> identity | norm | leaky_relu\n")
+    assert sequence_symbols(grammar) == frozenset()
+    tree = parse_tree("(S (C identity) (C norm))")
+    with pytest.raises(VariationError, match="no site"):
+        Variation(grammar, IMAGE, mutations={"insert": 1}).mutate(tree)
+
+
+def test_insert_respects_the_limits():
+    tight = Limits(max_depth=14, max_nodes=12)
+    tree = parse_tree("(S (M (C norm)) (M (C leaky_relu)))")  # 6 nodes
+    variation = Variation(PAPER, IMAGE, tight, rng=random.Random(0), mutations={"insert": 1})
+    for _ in range(30):
+        child = variation.mutate(tree)
+        nodes = sum(n.kind in ("terminal", "nonterminal") for _, n in walk(child))
+        assert nodes <= 12
+    # At the node limit nothing can be inserted: a new stage costs at least 3 nodes (M, M, C op).
+    full = Limits(max_depth=14, max_nodes=6)
+    with pytest.raises(VariationError, match="no valid mutation"):
+        Variation(PAPER, IMAGE, full, rng=random.Random(0), mutations={"insert": 1}).mutate(tree)
+
+
+def test_subtree_weight_alone_is_the_default_random_stream():
+    tree = sample_tree(PAPER, IMAGE, random_seed=3, limits=LIMITS)
+    runs = [
+        [Variation(PAPER, IMAGE, LIMITS, rng=random.Random(9), mutations=m).mutate(tree) for _ in range(5)]
+        for m in (None, {"subtree": 1.0}, {"subtree": 2, "insert": 0, "remove": 0})
+    ]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_all_operators_mix_in_proportion():
+    variation = Variation(
+        PAPER, IMAGE, LIMITS, rng=random.Random(0), mutations={"subtree": 1, "insert": 1, "remove": 1}
+    )
+    tree = parse_tree("(S (M (M (C norm)) (M (C softmax))) (M (M (C leaky_relu)) (M (C identity))))")
+    kinds = {"insert": 0, "remove": 0, "other": 0}
+    for _ in range(150):
+        child = variation.mutate(tree)
+        if _undo_remove(tree, child):
+            kinds["remove"] += 1
+        elif _undo_insert(tree, child):
+            kinds["insert"] += 1
+        else:
+            kinds["other"] += 1
+    # a subtree mutation may look like an insert or a removal; each operator has a third of the draws
+    assert kinds["remove"] >= 30 and kinds["insert"] >= 30 and kinds["other"] >= 20
+
+
+@pytest.mark.parametrize(
+    "mutations, message",
+    [
+        ({"insrt": 1}, r"unknown mutation operator\(s\) \['insrt'\]"),
+        ({"insert": -1}, "mutation weight of 'insert' must be a number >= 0"),
+        ({"insert": "1"}, "mutation weight of 'insert'"),
+        ({"insert": True}, "mutation weight of 'insert'"),
+        ({"insert": float("nan")}, "mutation weight of 'insert'"),
+        ({"insert": 0, "remove": 0}, "all zero"),
+        ({}, "all zero"),
+        (["insert"], "must map operators"),
+    ],
+)
+def test_bad_mutation_weights_are_refused(mutations, message):
+    with pytest.raises(VariationError, match=message):
+        mutation_weights(mutations)
+
+
+def test_weights_are_completed_with_zeros():
+    assert mutation_weights({"insert": 2}) == {"subtree": 0.0, "insert": 2.0, "remove": 0.0}
+    assert mutation_weights(None) == {"subtree": 1.0, "insert": 0.0, "remove": 0.0}
+
+
+def test_regularised_evolution_takes_the_weights_and_keeps_them_after_a_restore():
+    space = SearchSpace(PAPER, IMAGE, LIMITS)
+    settings = {"evaluations": 40, "population": 5, "tournament": 2, "mutations": {"remove": 1}}
+    strategy = get_strategy("regularised_evolution", space, 0, settings)
+    assert strategy.variation.mutations == {"subtree": 0.0, "insert": 0.0, "remove": 1.0}
+    parents: dict[int, str] = {}
+    for _ in range(30):
+        candidate = strategy.ask()
+        parents[candidate.id] = candidate.tree
+        if candidate.origin == "mutation":
+            parent, child = parse_tree(parents[candidate.parents[0]]), parse_tree(candidate.tree)
+            assert _undo_remove(parent, child)
+        strategy.tell(candidate.id, len(candidate.tree))
+    restored = get_strategy("regularised_evolution", space, 0, settings)
+    restored.load_state_dict(strategy.state_dict())
+    assert restored.variation.mutations == strategy.variation.mutations
+    assert [restored.ask().tree for _ in range(3)] == [strategy.ask().tree for _ in range(3)]
+
+
+def test_a_misspelled_operator_in_the_strategy_settings_names_it():
+    with pytest.raises(EinspaceError, match="insrt"):
+        get_strategy(
+            "regularised_evolution", SearchSpace(PAPER, IMAGE, LIMITS), 0, {"mutations": {"insrt": 1}}
+        )
