@@ -251,8 +251,8 @@ class LayerRules:
         (factor,) = computed
         source = given[factor]
         value = self.values[source]
-        scale = self.values[given["tensor2" if factor == "tensor1" else "tensor1"]]
-        shift = self.values[given["input"]]
+        scale = self.values.get(given.get("tensor2" if factor == "tensor1" else "tensor1"))
+        shift = self.values.get(given.get("input"))
         shapes = per_feature_shapes(value)
         if value.dim() not in (3, 4) or any(
             not isinstance(c, torch.Tensor) or tuple(c.shape) not in shapes for c in (scale, shift)
