@@ -540,7 +540,7 @@ MODELS = [
     Model("convmixer_768_32", lambda s: ConvMixer(768, 32, 7, 7, nn.ReLU), 224, 112, "exact"),
     Model("convmixer_small", lambda s: ConvMixer(256, 8, 5, 2, nn.GELU), 32, 32, "exact"),
     Model("convnext_tiny", lambda s: ConvNeXt(), 64, 32, "refused", "not that mean"),
-    Model("resmlp_12", lambda s: ResMLP(s), 224, 112, "refused", "addcmul has no counterpart"),
+    Model("resmlp_12", lambda s: ResMLP(s), 224, 112, "exact"),
 ]
 
 
@@ -589,10 +589,14 @@ def run(model: Model, quick: bool, repeats: int) -> dict[str, object]:
 
 
 def _randomise_norms(model: nn.Module) -> None:
-    """Batch norms with random statistics and affine parameters (fresh ones are the identity,
-    which would hide a transfer that mixed them up)."""
+    """Batch norms with random statistics and affine parameters, and ResMLP's Affines at random
+    (fresh ones are the identity, which would hide a transfer that mixed them up)."""
     generator = torch.Generator().manual_seed(2)
     for module in model.modules():
+        if isinstance(module, Affine):
+            with torch.no_grad():
+                module.alpha.copy_(1 + 0.1 * torch.randn(module.alpha.shape, generator=generator))
+                module.beta.copy_(0.1 * torch.randn(module.beta.shape, generator=generator))
         if isinstance(module, (nn.BatchNorm2d, nn.LayerNorm)):
             with torch.no_grad():
                 module.weight.copy_(1 + 0.1 * torch.randn(module.weight.shape, generator=generator))

@@ -386,6 +386,7 @@ ZOO_TREES = [
     f"(S {CONV16} (M (M (C grouped_conv(g=4, k=3, s=2, p=1))) (M (C squeeze_excite(r=4, act=silu)))))",
     f"(S {CONV16} (M (M (C squeeze_excite(r=16, act=relu))) (M (C grouped_conv(g=2, k=3, s=1, p=1)))))",
     f"(S {CONV16} (M (M (C layer_scale)) (M (R1 im2col(k=1, s=1, p=0)) (M (C layer_scale)) (R2 identity))))",
+    f"(S {CONV16} (M (M (C affine)) (M (R1 im2col(k=1, s=1, p=0)) (M (C affine)) (R2 identity))))",
 ]
 
 
@@ -660,7 +661,7 @@ def test_the_zoo_grammar_is_consistent_and_offers_its_terminals(mode):
 
     assert analyse(ZOO, mode).consistent and analyse(ZOO, mode).spectral_radius < 1
     new = {"relu", "relu6", "gelu", "silu", "hardswish", "dropout", "max_pool", "avg_pool"}
-    new |= {"depthwise_conv", "layer_scale", "channel_norm", "grouped_conv", "squeeze_excite"}
+    new |= {"depthwise_conv", "layer_scale", "affine", "channel_norm", "grouped_conv", "squeeze_excite"}
     assert new <= set(grammar_grid(ZOO))
     (rule,) = [r for r in ZOO.rules if r.symbol == "C"]
     added = sum(a.probability for a in rule.alternatives if a.items[0].name in new)

@@ -266,6 +266,7 @@ CASES.update(
                 _c("squeeze_excite", r=4, act="silu"),
                 _c("squeeze_excite", r=4, act="relu"),
                 _c("layer_scale"),
+                _c("affine"),
                 _c("channel_norm"),
             ),
             (3, 8, 8),
@@ -277,14 +278,22 @@ CASES.update(
                 "x = x * torch.sigmoid(self.excite1(F.silu(self.squeeze1(x.mean((2, 3), keepdim=True)))))",
                 "F.relu(self.squeeze2(",
                 "nn.Parameter(torch.full((8, 1, 1), 0.1))",
+                "self.scale2 = nn.Parameter(torch.ones((8, 1, 1)))",
+                "self.shift1 = nn.Parameter(torch.zeros((8, 1, 1)))",
+                "x = torch.addcmul(self.shift1, self.scale2, x)",
                 "nn.LayerNorm(8, eps=1e-06)",
                 "x = self.norm1(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)",
             ),
         ),
         "token scale": (
-            seq(_c("layer_scale"), arch.identity()),
+            seq(_c("layer_scale"), _c("affine")),
             (4, 6),
-            ("nn.Parameter(torch.full((6,), 0.1))",),
+            (
+                "nn.Parameter(torch.full((6,), 0.1))",
+                "self.scale2 = nn.Parameter(torch.ones((6,)))",
+                "self.shift1 = nn.Parameter(torch.zeros((6,)))",
+                "x = torch.addcmul(self.shift1, self.scale2, x)",
+            ),
         ),
     }
 )
@@ -493,6 +502,8 @@ SHARED = {
         "channels: int",
     ),
     "token scale": (_c8("layer_scale"), (5, 8), "features: int"),
+    "affine": (_c8("affine"), (8, 4, 4), "features: int"),
+    "token affine": (_c8("affine"), (5, 8), "features: int"),
 }
 
 

@@ -192,6 +192,33 @@ EXACT = {
         ZOO,
         seq(c("layer_scale"), arch.identity()),
     ),
+    "affine tokens": (  # timm's Affine: addcmul(beta, alpha, x), both (1, 1, D)
+        Fn(
+            lambda m, x: torch.addcmul(m.tensors["b"], m.tensors["a"], x),
+            {"a": torch.randn(1, 1, 16), "b": torch.randn(1, 1, 16)},
+        ),
+        TOKENS,
+        ZOO,
+        seq(c("affine"), arch.identity()),
+    ),
+    "affine tokens, x in the middle": (
+        Fn(
+            lambda m, x: torch.addcmul(m.tensors["b"], x, m.tensors["a"]),
+            {"a": torch.randn(16), "b": torch.randn(1, 1, 16)},
+        ),
+        TOKENS,
+        ZOO,
+        seq(c("affine"), arch.identity()),
+    ),
+    "affine image, method and keywords": (
+        Fn(
+            lambda m, x: m.tensors["b"].addcmul(tensor1=x, tensor2=m.tensors["a"], value=1),
+            {"a": torch.randn(4, 1, 1), "b": torch.randn(1, 4, 1, 1)},
+        ),
+        IMAGE,
+        ZOO,
+        seq(c("affine"), arch.identity()),
+    ),
     "conv": (
         nn.Sequential(nn.Conv2d(4, 16, 3, 2, 1), bn(16)),
         IMAGE,
@@ -482,6 +509,9 @@ def test_substitutions_are_refused_unless_asked_for_and_then_listed(case):
         assert sequence_form(imported.tree) == sequence_form(arch.network(backbone)), imported.tree
 
 
+#: timm's Affine's learnt tensors on TOKENS, for the refusals of addcmul.
+_AFFINE = {"a": torch.ones(1, 1, 16), "b": torch.zeros(1, 1, 16)}
+
 #: name -> (model, input, grammar, the error's fragment).
 REFUSED = {
     "softmax without a dim": (
@@ -629,6 +659,44 @@ REFUSED = {
         TOKENS,
         PAPER,
         "a sum that scales its second term (alpha) is not in the grammar",
+    ),
+    "affine with a value": (
+        Fn(lambda m, x: torch.addcmul(m.tensors["b"], m.tensors["a"], x, value=0.5), _AFFINE),
+        TOKENS,
+        ZOO,
+        "addcmul with value=0.5: the grammar's affine is shift + scale · x",
+    ),
+    "affine added to x": (
+        Fn(lambda m, x: torch.addcmul(x, m.tensors["a"], m.tensors["b"]), _AFFINE),
+        TOKENS,
+        ZOO,
+        "addcmul adds a product to a computed tensor: the grammar's affine is "
+        "torch.addcmul(shift, scale, x)",
+    ),
+    "affine of x squared": (
+        Fn(lambda m, x: torch.addcmul(m.tensors["b"], x, x), _AFFINE),
+        TOKENS,
+        ZOO,
+        "addcmul of the product of two computed tensors",
+    ),
+    "affine per token": (
+        Fn(
+            lambda m, x: torch.addcmul(m.tensors["b"], m.tensors["a"], x),
+            {**_AFFINE, "a": torch.randn(6, 16)},
+        ),
+        TOKENS,
+        ZOO,
+        "addcmul with shift (1, 1, 16), scale (6, 16) on x (2, 6, 16): the grammar's affine has one "
+        "learnt scale and shift per feature",
+    ),
+    "affine per row of an image": (
+        Fn(
+            lambda m, x: torch.addcmul(m.tensors["b"], m.tensors["a"], x),
+            {"a": torch.randn(1, 1, 6), "b": torch.randn(4, 1, 1)},
+        ),
+        IMAGE,
+        ZOO,
+        "addcmul with shift (4, 1, 1), scale (1, 1, 6) on x (2, 4, 6, 6)",
     ),
     "linear of an image": (
         nn.Sequential(nn.Linear(6, 16), nn.Identity()),

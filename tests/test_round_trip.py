@@ -175,6 +175,7 @@ def test_every_seed_comes_back(name):
 
 def _hand_written() -> list[tuple[str, object, tuple[int, ...], str]]:
     """Hand-written models that import exactly: three of the seeds' and the zoo tests' own."""
+    from test_import_affine import ResMLPLike  # noqa: PLC0415 - a test module
     from test_import_zoo import ZOO_MODELS, ConvNeXtLikeStem  # noqa: PLC0415 - a test module
 
     from einspace.testing.reference_models import reference
@@ -182,6 +183,7 @@ def _hand_written() -> list[tuple[str, object, tuple[int, ...], str]]:
     models = [(n, lambda n=n, s=s: reference(n, s), s, "einspace") for n, s in SEED_INPUTS.items()]
     models = [m for m in models if m[0] in ("resnet_small", "densenet", "vit")]
     models += [(f.__name__, f, s, "einspace_zoo") for f, s, _ in ZOO_MODELS]
+    models.append(("ResMLPLike", ResMLPLike, (3, 16, 16), "einspace_zoo"))
     return [*models, ("ConvNeXtLikeStem", ConvNeXtLikeStem, (3, 32, 32), "einspace_zoo")]
 
 

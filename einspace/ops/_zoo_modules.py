@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn import GELU, AvgPool2d, Dropout, Hardswish, MaxPool2d, ReLU, ReLU6, SiLU
 
 __all__ = [
+    "Affine",
     "ChannelNorm",
     "ClassToken",
     "FirstToken",
@@ -69,6 +70,24 @@ class LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.weight
+
+    def extra_repr(self) -> str:
+        return f"shape={tuple(self.weight.shape)}"
+
+
+class Affine(nn.Module):
+    """weight · x + bias per feature (timm's Affine, ResMLP's norm): `weight` and `bias` [C, 1, 1]
+    over an image's channels, [D] over the last axis of tokens; initialised at 1 and 0. Computed
+    with `torch.addcmul`, as timm does, so that an imported Affine gives the same bits."""
+
+    def __init__(self, features: int, image: bool):
+        super().__init__()
+        shape = (features, 1, 1) if image else (features,)
+        self.weight = nn.Parameter(torch.ones(shape))
+        self.bias = nn.Parameter(torch.zeros(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.bias, self.weight, x)
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.weight.shape)}"

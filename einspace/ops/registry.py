@@ -173,6 +173,7 @@ BUILTIN_OPERATIONS = {
     ),
     "einspace.ops.xd": ("xd",),
     "einspace.ops.zoo": (
+        "affine",
         "avg_pool",
         "channel_norm",
         "class_token",

@@ -1,17 +1,18 @@
 """The terminals of the architectures people use (issue 25), for the `einspace_zoo` grammar:
 activations, dropout, max and average pooling, depthwise and grouped convolution,
 squeeze-and-excitation, layer scale, a layer norm over an image's channels, a class token and
-class-token pooling (the first token).
+class-token pooling (the first token), and ResMLP's affine norm.
 
 Shapes exclude the batch axis; FLOPs are per sample with a multiply-add counted as 2 (as in
 `core`). Per element: ReLU 1, ReLU6 2 (two clamps), SiLU 4 (x·σ(x): exponent, sum, divide,
 product), Hardswish 4 (add, clamp twice, product and divide counted as 4), GELU 8 (the erf form:
 a rational approximation of erf and the product), dropout 1 (the mask's product, in training).
 Layer scale: a learnt scale per feature (channels in im mode, the last axis in col mode), 1 FLOP
-per element, a parameter per feature. Pooling: max (k²−1) comparisons and average k² operations
-(k²−1 sums, one division) per output element. Depthwise convolution (C → C, one k×k filter per
-channel, with a bias): (2·k² + 1) per output element, C·k² + C parameters; grouped (g groups):
-(2·(C/g)·k² + 1) per output element, C·(C/g)·k² + C parameters.
+per element, a parameter per feature; affine (ResMLP): a scale and a shift per feature, 2 FLOPs
+per element (a multiply-add), two parameters per feature. Pooling: max (k²−1) comparisons and
+average k² operations (k²−1 sums, one division) per output element. Depthwise convolution
+(C → C, one k×k filter per channel, with a bias): (2·k² + 1) per output element, C·k² + C
+parameters; grouped (g groups): (2·(C/g)·k² + 1) per output element, C·(C/g)·k² + C parameters.
 
 The shape rules are here, without torch; the modules are in `einspace.ops._zoo_modules`.
 """
@@ -273,6 +274,25 @@ class LayerScale(UnaryOperation):
 
     def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
         return _numel(state)
+
+
+@register_op
+class Affine(UnaryOperation):
+    """x times a learnt scale plus a learnt shift per feature (ResMLP's norm, timm's `Affine`:
+    `torch.addcmul(beta, alpha, x)`), initialised at 1 and 0, so the identity at first."""
+
+    name = "affine"
+    group = Group.COMPUTATION
+    exportable = True
+
+    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
+        return _modules.Affine(_features(state), image=state.mode == IM)
+
+    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return 2 * _features(state)
+
+    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
+        return 2 * _numel(state)
 
 
 # ---------------------------------------------------------------- layer norm over an image's channels

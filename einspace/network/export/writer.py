@@ -399,6 +399,16 @@ def _layer_scale(writer: Writer, scope: Instance, module: _zoo_modules.LayerScal
     return out
 
 
+def _affine(writer: Writer, scope: Instance, module: _zoo_modules.Affine, x: str, out: str) -> str:
+    shape = tuple(module.weight.shape)
+    size = "({}, 1, 1)" if len(shape) == 3 else "({},)"
+    slots = (("features", shape[0]),)
+    scale = scope.add("scale", f"nn.Parameter(torch.ones({size}))", slots, {"": module.weight})
+    shift = scope.add("shift", f"nn.Parameter(torch.zeros({size}))", slots, {"": module.bias})
+    scope.line(f"{out} = torch.addcmul({shift}, {scale}, {x})")
+    return out
+
+
 def _channel_norm(writer: Writer, scope: Instance, module: _zoo_modules.ChannelNorm, x: str, out: str) -> str:
     slots = (("channels", module.normalized_shape[0]),)
     layer = scope.add("norm", "nn.LayerNorm({}, eps=1e-06)", slots, module.state_dict())
@@ -452,6 +462,7 @@ _HANDLERS: dict[type, _Handler] = {
     _zoo_modules.GroupedConv: _grouped,
     _zoo_modules.SqueezeExcite: _squeeze_excite,
     _zoo_modules.LayerScale: _layer_scale,
+    _zoo_modules.Affine: _affine,
     _zoo_modules.ChannelNorm: _channel_norm,
     _zoo_modules.ClassToken: _class_token,
     _zoo_modules.FirstToken: _first_token,

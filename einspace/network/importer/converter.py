@@ -36,7 +36,7 @@ from torch import nn
 from einspace.grammar.model import Grammar, OpItem, walk_items
 from einspace.network.importer.graph import TracedModel, target_name
 from einspace.network.importer.joins import JoinRules, stack_of_sum
-from einspace.network.importer.layers import LayerRules
+from einspace.network.importer.layers import LayerRules, is_addcmul
 from einspace.network.importer.pieces import Entry, Piece, Route, cancel, common_owner, partner, sequence
 from einspace.network.importer.tokens import TokenRules
 from einspace.seeds import architectures as arch
@@ -211,6 +211,8 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
         gated = self.squeeze_excite(node) or self.class_token(node)
         if gated is not None:
             return gated
+        if is_addcmul(node):  # before the joins: addcmul(shift, x, x) is refused, not branched
+            return self.affine(node)
         inputs = self.inputs(node)
         if len(inputs) >= 2 or self.scaled_matmul(node) is not None or stack_of_sum(self, node) is not None:
             piece, fork = self.branching(node)

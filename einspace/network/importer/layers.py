@@ -1,5 +1,6 @@
 """How the importer turns one-input operations and layers with weights into the grammar's operations:
-activations, softmax, dropout, pooling, a positional encoding, convolutions, linears and norms.
+activations, softmax, dropout, pooling, a positional encoding, layer scale and affine,
+convolutions, linears and norms.
 
 `LayerRules` is a part of `Converter` (converter.py), which provides the traced model (`values`,
 `modules`, `fail`, `short`, `constants`), the grammar's grid (`terminal`, `grid`) and the record of
@@ -23,7 +24,7 @@ from einspace.network.importer.pieces import Entry, Piece, Route
 from einspace.network.importer.weights import linear_entry
 from einspace.seeds import architectures as arch
 
-__all__ = ["MODULE_HANDLERS", "LayerRules", "activation_name", "exact_but_groups"]
+__all__ = ["MODULE_HANDLERS", "LayerRules", "activation_name", "exact_but_groups", "is_addcmul"]
 
 #: Activations the paper's grammar lacks: each becomes its leaky ReLU, as a substitution.
 _ACTIVATION_MODULES = tuple(
@@ -58,10 +59,10 @@ class LayerRules:
     """One-input operations (by module type through `MODULE_HANDLERS`, else by function) and
     layers with weights, each as the pieces and routes of the grammar that compute it.
 
-    Long because it holds one short rule per layer kind the importer maps (21 methods, the zoo
-    grammar's pooling, depthwise and grouped convolution, activations, norms and layer scale among them); a
-    mixin of the converter, it shares the converter's values and failure reporting, so splitting
-    it by kind would only spread one dispatch over several classes."""
+    Long because it holds one short rule per layer kind the importer maps (22 methods, the zoo
+    grammar's pooling, depthwise and grouped convolution, activations, norms, layer scale and affine
+    among them); a mixin of the converter, it shares the converter's values and failure reporting,
+    so splitting it by kind would only spread one dispatch over several classes."""
 
     # ------------------------------------------------------------- one-input operations
 
@@ -213,10 +214,7 @@ class LayerRules:
     def layer_scale(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
         """x times a learnt scale per feature (channels of an image, last axis of tokens)."""
         constants = [c for c in self.constants(node) if isinstance(c, torch.Tensor)]
-        features = value.shape[1] if value.dim() == 4 else value.shape[-1]
-        shapes = (
-            [(features, 1, 1), (1, features, 1, 1)] if value.dim() == 4 else [(features,), (1, 1, features)]
-        )
+        shapes = per_feature_shapes(value)
         if len(constants) != 1 or tuple(constants[0].shape) not in shapes or len(self.constants(node)) != 1:
             raise self.fail(
                 node,
@@ -226,6 +224,51 @@ class LayerRules:
         self.terminal(node, "layer_scale")
         weight = constants[0].detach().reshape(shapes[0]).clone()
         return [Piece(arch.computation("layer_scale"), ({"weight": weight},))]
+
+    def affine(self, node: fx.Node) -> tuple[list[Piece | Route], fx.Node]:
+        """`torch.addcmul(shift, scale, x)` (or `scale` and `x` swapped, or the method on
+        `shift`): shift + scale · x, a learnt scale and shift per feature (timm's Affine), the
+        grammar's affine; and x, where the chain goes on. Anything else addcmul computes is
+        refused, naming what the grammar lacks."""
+        given = {**dict(zip(("input", "tensor1", "tensor2"), node.args, strict=False)), **node.kwargs}
+        computed = [n for n in ("input", "tensor1", "tensor2") if given.get(n) in self.dynamic]
+        if given.get("value", 1) != 1:
+            raise self.fail(
+                node, f"addcmul with value={given['value']!r}: the grammar's affine is shift + scale · x"
+            )
+        if "input" in computed:
+            raise self.fail(
+                node,
+                "addcmul adds a product to a computed tensor: the grammar's affine is "
+                "torch.addcmul(shift, scale, x), a learnt shift plus x times a learnt scale",
+            )
+        if len(computed) != 1:
+            raise self.fail(
+                node,
+                "addcmul of the product of two computed tensors: the grammar's affine scales x by a "
+                "learnt scale",
+            )
+        (factor,) = computed
+        source = given[factor]
+        value = self.values[source]
+        scale = self.values.get(given.get("tensor2" if factor == "tensor1" else "tensor1"))
+        shift = self.values.get(given.get("input"))
+        shapes = per_feature_shapes(value)
+        if value.dim() not in (3, 4) or any(
+            not isinstance(c, torch.Tensor) or tuple(c.shape) not in shapes for c in (scale, shift)
+        ):
+            sizes = ", ".join(
+                f"{n} {tuple(getattr(c, 'shape', ()))}" for n, c in (("shift", shift), ("scale", scale))
+            )
+            raise self.fail(
+                node,
+                f"addcmul with {sizes} on x {tuple(value.shape)}: the grammar's affine has one learnt scale "
+                "and shift per feature, (D,) or (1, 1, D) on tokens [B, S, D], (C, 1, 1) or (1, C, 1, 1) "
+                "on an image [B, C, H, W]",
+            )
+        self.terminal(node, "affine")
+        entry = {n: c.detach().reshape(shapes[0]).clone() for n, c in (("weight", scale), ("bias", shift))}
+        return [Piece(arch.computation("affine"), (entry,))], source
 
     def positional(self, node: fx.Node, value: torch.Tensor) -> list[Piece | Route]:
         """x + a learnt tensor of x's shape (or with a leading 1): a positional encoding."""
@@ -425,6 +468,19 @@ def exact_but_groups(module: nn.Conv2d) -> bool:
     k, s, p = module.kernel_size, module.stride, conv_padding(module)
     plain = module.dilation == (1, 1) and module.padding_mode == "zeros"
     return plain and k[0] == k[1] and s[0] == s[1] and isinstance(p, tuple) and p[0] == p[1]
+
+
+def is_addcmul(node: fx.Node) -> bool:
+    """`torch.addcmul(...)` or the method `t.addcmul(...)`: the grammar's affine, if anything."""
+    return node.target is torch.addcmul or (node.op == "call_method" and node.target == "addcmul")
+
+
+def per_feature_shapes(value: torch.Tensor) -> list[tuple[int, ...]]:
+    """The shapes of a learnt tensor with one entry per feature of `value` (the module's own first):
+    an image's channels, or the last axis of tokens."""
+    if value.dim() == 4:
+        return [(value.shape[1], 1, 1), (1, value.shape[1], 1, 1)]
+    return [(value.shape[-1],), (1, 1, value.shape[-1])]
 
 
 def square(value: Any) -> int:
