@@ -433,19 +433,32 @@ def test_mutation_chains_stay_valid(case):
     @_settings(10 if case in HEAVY_CHAINS else 20)
     @given(seed=SEEDS)
     def chain(seed: int) -> None:
-        rng = random.Random(seed)
-        tree = Sampler(grammar, x, VARIATION_LIMITS, rng=rng).sample()
-        variation = Variation(grammar, x, VARIATION_LIMITS, rng=rng)
-        for _ in range(15):
-            child = variation.mutate(tree)
-            assert child != tree
-            checked = check_tree(child, grammar, x)
-            _assert_within(checked, VARIATION_LIMITS)
-            tree = child
-        _assert_round_trips(tree)
-        _assert_compiles_and_runs(checked)
+        _mutation_chain(grammar, x, random.Random(seed), 15)
 
     chain()
+
+
+def _mutation_chain(grammar, x, rng: random.Random, steps: int, mutations=None) -> None:
+    """`steps` mutations in a row from a sampled tree: every child checks, differs from its parent,
+    stays within limits; the last one round-trips, compiles and runs. With `mutations` (operators
+    that may find no site or no room), a refusal is allowed and the chain goes on."""
+    tree = Sampler(grammar, x, VARIATION_LIMITS, rng=rng).sample()
+    variation = Variation(grammar, x, VARIATION_LIMITS, rng=rng, mutations=mutations)
+    checked = check_tree(tree, grammar, x)
+    for _ in range(steps):
+        try:
+            child = variation.mutate(tree)
+        except VariationError:
+            if mutations is None:
+                raise
+            event("no site or no room")
+            continue
+        assert child != tree
+        checked = check_tree(child, grammar, x)
+        _assert_within(checked, VARIATION_LIMITS)
+        tree = child
+    _assert_round_trips(tree)
+    _assert_compiles_and_runs(checked)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -456,22 +469,7 @@ def test_insert_and_remove_chains_stay_valid(case, seed):
     from its parent and stays within limits (or the operator refuses); the last one round-trips,
     compiles and runs."""
     grammar, x = _case(case)
-    rng = random.Random(seed)
-    tree = Sampler(grammar, x, VARIATION_LIMITS, rng=rng).sample()
-    variation = Variation(grammar, x, VARIATION_LIMITS, rng=rng, mutations={"insert": 1, "remove": 1})
-    checked = check_tree(tree, grammar, x)
-    for _ in range(12):
-        try:
-            child = variation.mutate(tree)
-        except VariationError:
-            event("no site or no room")
-            continue
-        assert child != tree
-        checked = check_tree(child, grammar, x)
-        _assert_within(checked, VARIATION_LIMITS)
-        tree = child
-    _assert_round_trips(tree)
-    _assert_compiles_and_runs(checked)
+    _mutation_chain(grammar, x, random.Random(seed), 12, mutations={"insert": 1, "remove": 1})
 
 
 #: Variation's limits with minimums on the costs that many of the space's trees fall below.

@@ -265,34 +265,26 @@ class LayerScale(UnaryOperation):
     name = "layer_scale"
     group = Group.COMPUTATION
     exportable = True
+    #: The learnt tensors per feature (one parameter and one FLOP per element each), and the module.
+    tensors, module_name = 1, "LayerScale"
 
     def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
-        return _modules.LayerScale(_features(state), image=state.mode == IM)
+        return getattr(_modules, self.module_name)(_features(state), image=state.mode == IM)
 
     def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
-        return _features(state)
+        return self.tensors * _features(state)
 
     def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
-        return _numel(state)
+        return self.tensors * _numel(state)
 
 
 @register_op
-class Affine(UnaryOperation):
+class Affine(LayerScale):
     """x times a learnt scale plus a learnt shift per feature (ResMLP's norm, timm's `Affine`:
     `torch.addcmul(beta, alpha, x)`), initialised at 1 and 0, so the identity at first."""
 
     name = "affine"
-    group = Group.COMPUTATION
-    exportable = True
-
-    def module(self, state: FeatureState, args: Mapping[str, Any]) -> nn.Module:
-        return _modules.Affine(_features(state), image=state.mode == IM)
-
-    def params(self, state: FeatureState, args: Mapping[str, Any]) -> int:
-        return 2 * _features(state)
-
-    def cost(self, state: FeatureState, args: Mapping[str, Any]) -> int:
-        return 2 * _numel(state)
+    tensors, module_name = 2, "Affine"
 
 
 # ---------------------------------------------------------------- layer norm over an image's channels
