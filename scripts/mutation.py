@@ -399,8 +399,16 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "reset_parameters run on the meta device too: writing and drawing meta tensors does nothing",
             ),
             (
-                ("x__packed__mutmut_1",),
+                (
+                    "x__packed__mutmut_1",
+                    "xǁXDConvǁreset_parameters__mutmut_1",
+                    "xǁXDConvǁreset_parameters__mutmut_33",
+                ),
                 ".to(None), no cast: reset_parameters copy_()s it into the parameter, which casts alike",
+            ),
+            (
+                ("xǁ_ComplexProductǁ_backward__mutmut_4",),
+                "strided output gradients not made contiguous: the GEMMs read any strides, only slower",
             ),
             (
                 tuple(f"xǁXDConvǁforward__mutmut_{n}" for n in (1, 4, 5, 6, 7, 12, 13)),
