@@ -596,8 +596,9 @@ def run_module(
 ) -> dict[str, str]:
     """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant.
     With `again`, only the mutants a previous run left alive (survived, or reached by no test) run
-    again, with the tests as they are now: tests added since kill more, never fewer. With `report`,
-    nothing runs: the statuses a run left in .mutation/ (one stopped for time)."""
+    again, of `functions` where given, with the tests as they are now: tests added since kill more,
+    never fewer. With `report`, nothing runs: the statuses a run left in .mutation/ (one stopped
+    for time)."""
     work = WORK / module.replace("/", "_").removesuffix(".py")
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -610,9 +611,10 @@ def run_module(
     (work / "setup.cfg").write_text(_setup_cfg(module, tests))
     patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
     if again:
-        alive = [k for k, v in _results(work, env).items() if v in ("survived", "no tests", "not checked")]
+        statuses = _filtered(_results(work, env), dotted, functions)
+        alive = [k for k, v in statuses.items() if v in ("survived", "no tests", "not checked")]
         if not alive:
-            return _filtered(_results(work, env), dotted, functions)
+            return statuses
         (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # which tests reach what
         patterns = alive
     subprocess.run(
