@@ -75,7 +75,7 @@ NARROW = 16
 def _bit_reversed(n: int) -> tuple[int, ...]:
     """The bit-reversal permutation of range(n), n a power of two (the order the FFT's stages leave)."""
     bits = n.bit_length() - 1
-    return tuple(int(format(i, f"0{bits}b")[::-1], 2) if bits else 0 for i in range(n))
+    return tuple(int(format(i, f"0{bits}b")[::-1], 2) for i in range(n))  # n = 1: format(0, "00b") = "0"
 
 
 # cached by wrapping, not by decorating: mutmut (scripts/mutation.py) skips decorated functions
