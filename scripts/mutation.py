@@ -157,6 +157,16 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("xǁExperimentǁidentity", "x_grammar_digest", "x__file_digest"),
         ("tests/test_search_config.py", "tests/test_mutation_identity.py"),
     ),
+    "experiment sections": (
+        "search/config.py",
+        (
+            "x__section_spec",
+            "xǁMultiFidelitySectionǁ_enabled",
+            "xǁMultiFidelitySectionǁ_continues",
+            "xǁExperimentǁ_directory",
+        ),
+        ("tests/test_search_config.py", "tests/test_mutation_config.py"),
+    ),
     "run identity changes": (
         "search/loop.py",
         ("x_identity_changes", "x__short"),
