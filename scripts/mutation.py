@@ -172,6 +172,17 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("x_identity_changes", "x__short"),
         ("tests/test_search_config.py", "tests/test_mutation_identity.py"),
     ),
+    "search run": (
+        "search/loop.py",
+        (
+            "xǁRunSummaryǁ_results",
+            "xǁSearchRunǁ_strategy",
+            "xǁSearchRunǁ_grammar",
+            "xǁSearchRunǁ_plugin_hint_steps",
+            "xǁ_Sessionǁ_driving_steps",
+        ),
+        ("tests/test_mutation_loop.py",),
+    ),
     "grammar composition": (
         "einspace/grammar/compose.py",
         (),
