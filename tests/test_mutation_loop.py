@@ -71,3 +71,28 @@ def test_the_driver_time_is_the_sum_of_the_time_inside_each_driving_block(
             with session._driving():
                 pass
     assert session.summary.driver_seconds == 2.0
+
+
+#: A strategy with a surrogate, which a warm start feeds (as in tests/test_surrogate.py).
+_SCREENED = {
+    "name": "regularised_evolution",
+    "settings": {
+        "evaluations": 24,
+        "population": 6,
+        "tournament": 3,
+        "screen": 4,
+        "surrogate_min_results": 10,
+    },
+}
+
+
+def test_a_new_warm_started_run_gives_its_surrogate_the_earlier_results(tmp_path: Path) -> None:
+    earlier = experiment(tmp_path / "a", strategy=_SCREENED)
+    with SearchRun.start(earlier) as run:
+        run.run(earlier.make_executor(), max_results=3)
+        scored = [r for r in run.store.history() if r.status != "cached"]
+    e = experiment(tmp_path / "b", strategy=_SCREENED, warm_start=[str(tmp_path / "a")])
+    with SearchRun.start(e) as run:
+        assert run.strategy.surrogate.sources == [1] * len(scored)
+        assert len(scored) == 3
+    assert e.make_strategy().surrogate.sources == []  # not fed by making the strategy alone
