@@ -6,7 +6,8 @@ size + p is exactly a power of two and where the kernel decides it, parameter an
 axes of different sizes (so that no two terms can be swapped unseen) with and without bias, every
 argument and the kernel fit at their boundary, and the built operation against F.conv2d and
 F.conv1d with a stride and padding that differ; from the fourth round, an input of another
-precision and another default device.
+precision and another default device; from the fifth, the functions mutmut first reached once they
+lost their decorators: the bit reversal, residue-major axes and the complex product's backward.
 """
 
 from __future__ import annotations
