@@ -106,10 +106,11 @@ class Optimizers:
         self.optimizers = [optimizer for optimizer, _ in pairs]
         self.schedulers = [scheduler for _, scheduler in pairs]
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
+    def _param_groups(self) -> list[dict[str, Any]]:
         """Every parameter group of every optimiser, each named by its kind (`name`)."""
         return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    param_groups = property(_param_groups)  # not decorated: mutmut (scripts/mutation.py) skips those
 
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:

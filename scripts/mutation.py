@@ -157,10 +157,31 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("xǁExperimentǁidentity", "x_grammar_digest", "x__file_digest"),
         ("tests/test_search_config.py", "tests/test_mutation_identity.py"),
     ),
+    "experiment sections": (
+        "search/config.py",
+        (
+            "x__section_spec",
+            "xǁMultiFidelitySectionǁ_enabled",
+            "xǁMultiFidelitySectionǁ_continues",
+            "xǁExperimentǁ_directory",
+        ),
+        ("tests/test_search_config.py", "tests/test_mutation_config.py"),
+    ),
     "run identity changes": (
         "search/loop.py",
         ("x_identity_changes", "x__short"),
         ("tests/test_search_config.py", "tests/test_mutation_identity.py"),
+    ),
+    "search run": (
+        "search/loop.py",
+        (
+            "xǁRunSummaryǁ_results",
+            "xǁSearchRunǁ_strategy",
+            "xǁSearchRunǁ_grammar",
+            "xǁSearchRunǁ_plugin_hint_steps",
+            "xǁ_Sessionǁ_driving_steps",
+        ),
+        ("tests/test_mutation_loop.py",),
     ),
     "grammar composition": (
         "einspace/grammar/compose.py",
@@ -399,8 +420,16 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "reset_parameters run on the meta device too: writing and drawing meta tensors does nothing",
             ),
             (
-                ("x__packed__mutmut_1",),
+                (
+                    "x__packed__mutmut_1",
+                    "xǁXDConvǁreset_parameters__mutmut_1",
+                    "xǁXDConvǁreset_parameters__mutmut_33",
+                ),
                 ".to(None), no cast: reset_parameters copy_()s it into the parameter, which casts alike",
+            ),
+            (
+                ("xǁ_ComplexProductǁ_backward__mutmut_4",),
+                "strided output gradients not made contiguous: the GEMMs read any strides, only slower",
             ),
             (
                 tuple(f"xǁXDConvǁforward__mutmut_{n}" for n in (1, 4, 5, 6, 7, 12, 13)),
@@ -588,8 +617,9 @@ def run_module(
 ) -> dict[str, str]:
     """mutmut over `functions` of `module` (all when empty) with `tests`; the status of each mutant.
     With `again`, only the mutants a previous run left alive (survived, or reached by no test) run
-    again, with the tests as they are now: tests added since kill more, never fewer. With `report`,
-    nothing runs: the statuses a run left in .mutation/ (one stopped for time)."""
+    again, of `functions` where given, with the tests as they are now: tests added since kill more,
+    never fewer. With `report`, nothing runs: the statuses a run left in .mutation/ (one stopped
+    for time)."""
     work = WORK / module.replace("/", "_").removesuffix(".py")
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -602,9 +632,10 @@ def run_module(
     (work / "setup.cfg").write_text(_setup_cfg(module, tests))
     patterns = [f"{dotted}.{f}__mutmut_*" for f in functions]
     if again:
-        alive = [k for k, v in _results(work, env).items() if v in ("survived", "no tests", "not checked")]
+        statuses = _filtered(_results(work, env), dotted, functions)
+        alive = [k for k, v in statuses.items() if v in ("survived", "no tests", "not checked")]
         if not alive:
-            return _filtered(_results(work, env), dotted, functions)
+            return statuses
         (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # which tests reach what
         patterns = alive
     subprocess.run(

@@ -122,8 +122,7 @@ def _rule(key: Field, hint: Any) -> tuple[tuple, Any]:
     return allowed, key.default_factory() if key.default_factory is not MISSING else _REQUIRED
 
 
-@cache
-def _spec(cls: type) -> dict[str, Any]:
+def _section_spec(cls: type) -> dict[str, Any]:
     """The keys of a section, from its fields: key -> (allowed types, default), or a nested dict
     for a section. `None` in the types allows null."""
     hints = get_type_hints(cls)
@@ -131,6 +130,10 @@ def _spec(cls: type) -> dict[str, Any]:
         key.name: _spec(hints[key.name]) if is_dataclass(hints[key.name]) else _rule(key, hints[key.name])
         for key in _keys(cls)
     }
+
+
+# cached by wrapping, not by decorating: mutmut (scripts/mutation.py) skips decorated functions
+_spec = cache(_section_spec)
 
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
@@ -193,14 +196,16 @@ class MultiFidelitySection:
     #: where the evaluator can
     promotion: str | None = None
 
-    @property
-    def enabled(self) -> bool:
+    def _enabled(self) -> bool:
         return self.scheduler != "none"
 
-    @property
-    def continues(self) -> bool:
+    def _continues(self) -> bool:
         """Whether promotions train on from the lower rung's state (resolved sections only)."""
         return self.enabled and self.promotion == "continue"
+
+    # properties by a call, not a decorator: mutmut (scripts/mutation.py) skips decorated functions
+    enabled = property(_enabled)
+    continues = property(_continues)
 
     def resolved(self, evaluator: Any, source: str) -> MultiFidelitySection:
         """The section with its rungs worked out for `evaluator` (an Evaluator instance), or a
@@ -298,10 +303,11 @@ class Experiment:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
-    @property
-    def directory(self) -> Path:
+    def _directory(self) -> Path:
         """The run directory: `run_dir`, or runs/<name>."""
         return Path(self.run_dir or Path("runs") / self.name)
+
+    directory = property(_directory)  # not decorated: mutmut (scripts/mutation.py) skips those
 
     def identity(self) -> dict[str, Any]:
         """What must not change when a run is resumed: everything but the executor, names and the

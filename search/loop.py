@@ -59,10 +59,11 @@ class RunSummary:
     wall_seconds: float = 0.0
     best: Record | None = field(default=None, repr=False)
 
-    @property
-    def results(self) -> int:
+    def _results(self) -> int:
         """Results told to the strategy: evaluated, served from the cache, or replayed."""
         return self.evaluated + self.cached + self.replayed
+
+    results = property(_results)  # not decorated: mutmut (scripts/mutation.py) skips those
 
     def count(self, record: Record) -> None:
         """Note a told result's failure, or whether it is the best yet."""
@@ -170,8 +171,7 @@ class SearchRun:
             )
         return self.experiment
 
-    @cached_property
-    def strategy(self) -> Strategy:
+    def _strategy(self) -> Strategy:
         """The run's strategy as of its last checkpoint (a fresh one for a new run)."""
         strategy = self._known().make_strategy()
         checkpoint = self.store.load_checkpoint()
@@ -181,16 +181,19 @@ class SearchRun:
             warm_start(strategy, self._known())
         return strategy
 
-    @cached_property
-    def grammar(self) -> Grammar:
+    def _grammar(self) -> Grammar:
         from einspace.grammar.parser import load_grammar
 
         with self._plugin_hint():
             return load_grammar(self._known().grammar)
 
-    @property
-    def input(self) -> FeatureState:
+    def _input(self) -> FeatureState:
         return self._known().input.state()
+
+    # by calls, not decorators: mutmut (scripts/mutation.py) skips decorated functions
+    strategy = cached_property(_strategy)
+    grammar = cached_property(_grammar)
+    input = property(_input)
 
     def check(self, tree: str) -> CheckedTree:
         """A stored tree checked against the run's grammar and input (EinspaceError if it can't be)."""
@@ -209,8 +212,7 @@ class SearchRun:
             "you choose"
         )
 
-    @contextmanager
-    def _plugin_hint(self) -> Iterator[None]:
+    def _plugin_hint_steps(self) -> Iterator[None]:
         """An error that unloaded plugins may explain says so."""
         try:
             yield
@@ -218,6 +220,8 @@ class SearchRun:
             if not self.unloaded_plugins:
                 raise
             raise EinspaceError(f"{exc}\n({self.plugin_note()})") from None
+
+    _plugin_hint = contextmanager(_plugin_hint_steps)  # not decorated: mutmut skips those
 
     # ---------------------------------------------------------------- the search
     def run(
@@ -282,12 +286,13 @@ class _Session:
         self.summary.wall_seconds = time.perf_counter() - started
         return self.summary
 
-    @contextmanager
-    def _driving(self) -> Iterator[None]:
+    def _driving_steps(self) -> Iterator[None]:
         """Count the time inside as the driver's own (not waiting for workers)."""
         t0 = time.perf_counter()
         yield
         self.summary.driver_seconds += time.perf_counter() - t0
+
+    _driving = contextmanager(_driving_steps)  # not decorated: mutmut skips those
 
     def _stopping(self) -> bool:
         if self.max_results is not None and self.summary.results >= self.max_results:

@@ -6,13 +6,15 @@ size + p is exactly a power of two and where the kernel decides it, parameter an
 axes of different sizes (so that no two terms can be swapped unseen) with and without bias, every
 argument and the kernel fit at their boundary, and the built operation against F.conv2d and
 F.conv1d with a stride and padding that differ; from the fourth round, an input of another
-precision and another default device.
+precision and another default device; from the fifth, the functions mutmut first reached once they
+lost their decorators: the bit reversal, residue-major axes and the complex product's backward.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -279,3 +281,82 @@ def test_intermediates_follow_the_input_not_the_default_device(monkeypatch, path
         y = xd(x)
     assert y.device.type == "cpu"
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+def _reversed_bits(i: int, bits: int) -> int:
+    """i with its `bits` low bits in reverse order, bit by bit."""
+    return sum(((i >> b) & 1) << (bits - 1 - b) for b in range(bits))
+
+
+@pytest.mark.parametrize("n, bits", [(1, 0), (2, 1), (4, 2), (8, 3), (16, 4), (128, 7)])
+def test_bit_reversal_reverses_the_bits_of_each_index(n: int, bits: int) -> None:
+    """Against the bits reversed one by one; the uncached function itself, whose cached wrapper
+    (`_bit_reversal`) may hold values from earlier calls."""
+    expected = tuple(_reversed_bits(i, bits) for i in range(n))
+    assert xd_module._bit_reversed(n) == expected
+    assert xd_module._bit_reversal(n) == expected
+    assert sorted(expected) == list(range(n))
+
+
+@pytest.mark.parametrize("n, square", [(16, True), (64, True), (8, False), (32, False)])
+def test_an_axis_is_residue_major_on_a_square_grid_of_blocks_only(n: int, square: bool) -> None:
+    """Two passes of m x m and r x r blocks, m r = n: m = r = sqrt(n) exactly when log2 n is even;
+    a dense axis (no blocks) keeps its frequencies in their own order."""
+    twiddles = dft_twiddles(n)
+    blocks = xd_module.butterfly_blocks(twiddles, n)
+    assert xd_module._Axis(n, twiddles, None, blocks).residue_major is square
+    assert xd_module._Axis(n, twiddles, butterfly_matrix(twiddles, n), None).residue_major is False
+
+
+def _complex_product_gradients(planes, grads, needs):
+    """The gradients of sum(Re(A B) gr + Im(A B) gi) for the inputs in `needs`, by autograd
+    through torch's complex matmul: independent of the hand-written real-plane backward."""
+    leaves = [None if p is None else p.detach().clone().requires_grad_() for p in planes]
+    ar, ai, br, bi = leaves
+    a = torch.complex(ar, torch.zeros_like(ar) if ai is None else ai)
+    b = torch.complex(br, torch.zeros_like(br) if bi is None else bi)
+    out = a @ b
+    gr, gi = grads
+    loss = (out.real * gr).sum() + (0 if gi is None else (out.imag * gi).sum())
+    wanted = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
+    found = iter(torch.autograd.grad(loss, wanted))
+    return [next(found) if need else None for need in needs]
+
+
+@pytest.mark.parametrize("batch", [(), (3,)])
+@pytest.mark.parametrize("transposed", ["a", "b"])
+@pytest.mark.parametrize("imaginary", ["both", "a", "b"])
+@pytest.mark.parametrize("real", [False, True])
+@pytest.mark.parametrize(
+    "needs", [(True, True, True, True), (True, False, False, True), (False, True, True, False)]
+)
+def test_complex_product_backward_is_the_complex_gradient_in_each_inputs_layout(
+    batch, transposed, imaginary, real, needs
+) -> None:
+    """_ComplexProduct's backward called as autograd calls it: each needed gradient against the
+    complex-matmul one, None for an input that needs none (or is None), and laid out as its input
+    (one side given column-major, the other row-major), so that autograd copies nothing."""
+    torch.manual_seed(0)
+
+    def planes(rows: int, columns: int, column_major: bool) -> list[torch.Tensor]:
+        if column_major:
+            return [torch.randn(*batch, columns, rows, dtype=torch.float64).mT for _ in range(2)]
+        return [torch.randn(*batch, rows, columns, dtype=torch.float64) for _ in range(2)]
+
+    ar, ai = planes(5, 3, transposed == "a")
+    br, bi = planes(3, 4, transposed == "b")
+    ai, bi = (None if imaginary == "b" else ai), (None if imaginary == "a" else bi)
+    planes = (ar, ai, br, bi)
+    needs = tuple(need and plane is not None for need, plane in zip(needs, planes, strict=True))
+    gr = torch.randn(*batch, 5, 4, dtype=torch.float64)
+    gi = None if real else torch.randn(*batch, 5, 4, dtype=torch.float64)
+    ctx = SimpleNamespace(saved_tensors=planes, needs_input_grad=(*needs, False))
+    got = xd_module._ComplexProduct.backward(ctx, gr, gi)
+    assert len(got) == 5 and got[4] is None
+    expected = _complex_product_gradients(planes, (gr, gi), needs)
+    for plane, grad, want in zip(planes, got[:4], expected, strict=True):
+        if want is None or grad is None:  # None: a zero gradient (ai's when only real parts meet)
+            assert grad is None and (want is None or not want.any())
+            continue
+        torch.testing.assert_close(grad, want)
+        assert grad.stride(-2) == 1 if plane.stride(-2) == 1 else grad.stride(-1) == 1

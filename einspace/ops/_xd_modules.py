@@ -72,10 +72,14 @@ NARROW = 16
 # ----------------------------------------------------------------------------- butterflies
 
 
-@functools.cache
-def _bit_reversal(n: int) -> tuple[int, ...]:
+def _bit_reversed(n: int) -> tuple[int, ...]:
+    """The bit-reversal permutation of range(n), n a power of two (the order the FFT's stages leave)."""
     bits = n.bit_length() - 1
-    return tuple(int(format(i, f"0{bits}b")[::-1], 2) if bits else 0 for i in range(n))
+    return tuple(int(format(i, f"0{bits}b")[::-1], 2) for i in range(n))  # n = 1: format(0, "00b") = "0"
+
+
+# cached by wrapping, not by decorating: mutmut (scripts/mutation.py) skips decorated functions
+_bit_reversal = functools.cache(_bit_reversed)
 
 
 def dft_twiddles(n: int, inverse: bool = False, scale: float = 1.0) -> Tensor:
@@ -178,13 +182,14 @@ class _Axis(NamedTuple):
     matrix: Tensor | None
     blocks: tuple[Tensor, Tensor] | None = None
 
-    @property
-    def residue_major(self) -> bool:
+    def _residue_major(self) -> bool:
         """Whether the frequencies between the M and K sides are stored in the order the two passes
         leave them, residue-major (frequency q' m + j at j r + q'), not in their own order: on a
         square grid (m = r) that is the (c, a) grid the K side's first pass reads, so neither side
         reorders them (the diagonal's b is stored so too)."""
         return self.blocks is not None and self.blocks[0].shape[-3] == self.blocks[1].shape[-3]
+
+    residue_major = property(_residue_major)  # not decorated: mutmut skips decorated functions
 
     def stored(self, frequencies: Tensor, dim: int) -> Tensor:
         """Values by frequency along `dim`, in the order this axis stores its frequencies."""
@@ -249,9 +254,7 @@ class _ComplexProduct(torch.autograd.Function):
         re = _products([(ar, br, 1), (ai, bi, -1)])
         return re, None if real else _products([(ar, bi, 1), (ai, br, 1)])
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, gr: Tensor | None, gi: Tensor | None) -> Any:
+    def _backward(ctx: Any, gr: Tensor | None, gi: Tensor | None) -> Any:
         # d/dA = G B^H and d/dB = A^H G, with G = gr + i gi.
         ar, ai, br, bi = ctx.saved_tensors
         # gradients from complex arithmetic downstream (the blocked axes) arrive as strided views of
@@ -269,6 +272,10 @@ class _ComplexProduct(torch.autograd.Function):
             _products([(t(ar), gi, 1), (t(ai), gr, -1)], bi) if need[3] else None,
             None,
         )
+
+    # wrapped, not decorated: mutmut (scripts/mutation.py) skips functions with decorators other
+    # than one @staticmethod or @classmethod
+    backward = staticmethod(once_differentiable(_backward))
 
 
 def _complex_mm(a: Planes, b: Planes, real: bool = False) -> Planes:
@@ -435,20 +442,20 @@ class XDConv(nn.Module):
             self.reset_parameters()
         mark_architecture(self, "K", "L", "M", "b", "C")
 
-    @torch.no_grad()
     def reset_parameters(self) -> None:
         """Back to the convolution point, with the weights and bias a fresh nn.Conv would have."""
         dtype = self.K.dtype
-        for name, inverse, unitary in (("K", True, True), ("L", True, False), ("M", False, True)):
-            twiddles = [dft_twiddles(n, inverse, n**-0.5 if unitary else 1.0) for n in self.fourier]
-            getattr(self, name).copy_(_packed(twiddles, dtype))
-        self.b.zero_()
-        self.C.zero_()
-        self.C[..., 0] = 1
-        bound = 1 / math.sqrt(self.weight[0].numel())  # nn.Conv's kaiming_uniform(a=sqrt 5) and bias
-        nn.init.uniform_(self.weight, -bound, bound)
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
+        with torch.no_grad():
+            for name, inverse, unitary in (("K", True, True), ("L", True, False), ("M", False, True)):
+                twiddles = [dft_twiddles(n, inverse, n**-0.5 if unitary else 1.0) for n in self.fourier]
+                getattr(self, name).copy_(_packed(twiddles, dtype))
+            self.b.zero_()
+            self.C.zero_()
+            self.C[..., 0] = 1
+            bound = 1 / math.sqrt(self.weight[0].numel())  # nn.Conv's kaiming_uniform(a=sqrt 5), bias
+            nn.init.uniform_(self.weight, -bound, bound)
+            if self.bias is not None:
+                nn.init.uniform_(self.bias, -bound, bound)
 
     @classmethod
     def from_conv(

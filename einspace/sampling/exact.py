@@ -141,9 +141,9 @@ class _PlanBook:
         return _Step(_REPEAT, None, self._make_step(item.item, modes[:1], height, target[:1]))
 
 
-@lru_cache(maxsize=16)
-def _plan_book(tables: InsideTables) -> _PlanBook:
-    return _PlanBook(tables)
+#: The plan book of a grammar's tables, shared by the samplers built on them (the class cached as
+#: it is: a decorated factory function would be one that mutmut, scripts/mutation.py, skips).
+_plan_book = lru_cache(maxsize=16)(_PlanBook)
 
 
 class ExactSampler(SamplerBase):
