@@ -43,8 +43,10 @@ tournament) with 8 epochs and, per task, a time limit of 4-6x the seed's trainin
 idle core (a wall-clock limit: on a loaded machine evaluations near it fail, which counts as waste).
 
 Beside them, trained in the same run with the same epochs, batch size, optimiser and threads, in
-plain torch: an MLP (two hidden layers of 256) and a small CNN (two conv-BN-ReLU-max-pool blocks
-of 32 and 64 channels, 3x3, or 5-tap on 1-pixel-high images, then a hidden layer of 128). Test
+plain torch: an MLP (two hidden layers of 256), a small CNN (two conv-BN-ReLU-max-pool blocks
+of 32 and 64 channels, 3x3, or 5-tap on 1-pixel-high images, then a hidden layer of 128), and
+CNN-mean, the same without max-pooling and with the grammar's head (a linear layer of the mean
+over positions), the kind of network the paper's grammar writes at its best. Test
 accuracies, the searches' and the baselines', are of a retraining on train+valid with the recipe
 (no time limit), scored on test. The incumbent of a search is `einspace.search.compute.incumbent`:
 the best result at the highest fidelity it reached (so an RE+SH curve can drop when it first
@@ -243,7 +245,7 @@ METHODS = {
     "RE-seeded": Method("regularised_evolution", seeded=True),
     "RE+SH-seeded": Method("regularised_evolution", halving=True, seeded=True),
 }
-BASELINES = ("MLP", "CNN")
+BASELINES = ("MLP", "CNN", "CNN-mean")
 
 
 @dataclass(frozen=True)
@@ -451,8 +453,11 @@ def _retrained(job: Job, tree: str) -> float:
 
 
 def plain_network(model: str, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """The MLP (two hidden layers of 256) or the small CNN (conv-BN-ReLU-max-pool blocks of 32
-    and 64 channels, 3x3, or 5 taps along a 1-pixel-high image, then a hidden layer of 128)."""
+    """The MLP (two hidden layers of 256), the small CNN (conv-BN-ReLU-max-pool blocks of 32 and
+    64 channels, 3x3, or 5 taps along a 1-pixel-high image, then a hidden layer of 128), or
+    CNN-mean: the same convolutions, BN and ReLU without max-pooling, and the grammar's head (a
+    linear layer of the mean over positions): the yardstick of a network the paper's grammar can
+    write (it has no pooling and its head is that mean)."""
     from torch import nn
 
     if model == "MLP":
@@ -464,8 +469,12 @@ def plain_network(model: str, shape: tuple[int, ...], classes: int) -> nn.Module
     for width in (32, 64):
         padding = (kernel[0] // 2, kernel[1] // 2)
         layers += [nn.Conv2d(channels, width, kernel, padding=padding), nn.BatchNorm2d(width), nn.ReLU()]
-        layers.append(nn.MaxPool2d(pool))
-        channels, spatial = width, [d // p for d, p in zip(spatial, pool, strict=True)]
+        if model == "CNN":
+            layers.append(nn.MaxPool2d(pool))
+            spatial = [d // p for d, p in zip(spatial, pool, strict=True)]
+        channels = width
+    if model == "CNN-mean":
+        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes))
     head = [nn.Flatten(), nn.Linear(channels * math.prod(spatial), 128), nn.ReLU(), nn.Linear(128, classes)]
     return nn.Sequential(*layers, *head)
 
@@ -767,7 +776,7 @@ def plot(task: str, rows: list[dict[str, Any]], budget: float, path: Path) -> No
         x, seen = grid[known], values[:, known]
         ax.plot(x, seen.mean(axis=0), style, color=colour, label=m)
         ax.fill_between(x, seen.min(axis=0), seen.max(axis=0), color=colour, alpha=0.15)
-    for name, style in zip(BASELINES, (":", "-."), strict=True):
+    for name, style in zip(BASELINES, (":", "-.", (0, (1, 4))), strict=True):
         accs = [r["best"] for r in rows if r["method"] == name]
         if accs:
             ax.axhline(statistics.fmean(accs), color="grey", linestyle=style, label=f"{name} (plain torch)")
