@@ -227,7 +227,12 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "fx import layers": (
         "einspace/network/importer/layers.py",
         (),
-        ("tests/test_mutation_import.py", "tests/test_mutation_converter.py", *_FAST_IMPORT),
+        (
+            "tests/test_mutation_import.py",
+            "tests/test_mutation_converter.py",
+            "tests/test_import_affine.py",
+            *_FAST_IMPORT,
+        ),
     ),
     "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
 }

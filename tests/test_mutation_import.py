@@ -677,7 +677,7 @@ REFUSED = {
         Fn(lambda m, x: torch.addcmul(m.tensors["b"], x, x), _AFFINE),
         TOKENS,
         ZOO,
-        "addcmul of the product of two computed tensors",
+        "addcmul of the product of two computed tensors: the grammar's affine scales x by a learnt scale",
     ),
     "affine per token": (
         Fn(
@@ -696,7 +696,9 @@ REFUSED = {
         ),
         IMAGE,
         ZOO,
-        "addcmul with shift (4, 1, 1), scale (1, 1, 6) on x (2, 4, 6, 6)",
+        "addcmul with shift (4, 1, 1), scale (1, 1, 6) on x (2, 4, 6, 6): the grammar's affine has one "
+        "learnt scale and shift per feature, (D,) or (1, 1, D) on tokens [B, S, D], (C, 1, 1) or "
+        "(1, C, 1, 1) on an image [B, C, H, W]",
     ),
     "linear of an image": (
         nn.Sequential(nn.Linear(6, 16), nn.Identity()),
