@@ -209,7 +209,6 @@ TASKS = {
     for t in (
         Task("digits", (1, 8, 8), "einspace", "resnet_small", 60, 8, 20),
         Task("motifs", (4, 1, 32), "einspace", "resnet_small", 120, 12, 20, motif_sequences, True),
-        Task("motifs_zoo", (4, 1, 32), "einspace_zoo", "resnet_small", 120, 12, 20, motif_sequences, True),
         Task("arrangement", (1, 16, 16), "einspace", "resnet_small", 150, 15, 45, arrangement_images),
     )
 }

@@ -549,6 +549,21 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         )
         for name in names
     },
+    **{
+        (
+            "einspace/network/importer/layers.py",
+            f"einspace.network.importer.layers.xǁLayerRulesǁaffine__mutmut_{n}",
+        ): why
+        for numbers, why in (
+            ((5, 8), "zip's strict=None, or left out: falsy like strict=False, zip's default"),
+            (
+                (98, 101),
+                "the shape of a factor that has none: torch.addcmul refuses a non-tensor factor while the "
+                "model is traced, before the importer sees it",
+            ),
+        )
+        for n in numbers
+    },
 }
 
 _STATUS = re.compile(r"^\s+(\S+): (.+)$")
