@@ -235,6 +235,11 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ),
     ),
     "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
+    "mutation operators": (
+        "einspace/sampling/variation.py",
+        (),
+        ("tests/test_mutation_operators.py", "tests/test_variation.py"),
+    ),
 }
 
 #: file -> mutmut's timeout_multiplier where its default (15) is too patient: a mutant is stopped
