@@ -140,14 +140,14 @@ def test_a_grammar_without_a_sequence_rule_has_no_insert_site():
 
 def test_insert_respects_the_limits():
     tight = Limits(max_depth=14, max_nodes=12)
-    tree = parse_tree("(S (M (C norm)) (M (C leaky_relu)))")  # 6 nodes
+    tree = parse_tree("(S (M (C norm)) (M (C leaky_relu)))")  # 7 nodes
     variation = Variation(PAPER, IMAGE, tight, rng=random.Random(0), mutations={"insert": 1})
     for _ in range(30):
         child = variation.mutate(tree)
         nodes = sum(n.kind in ("terminal", "nonterminal") for _, n in walk(child))
         assert nodes <= 12
-    # At the node limit nothing can be inserted: a new stage costs at least 3 nodes (M, M, C op).
-    full = Limits(max_depth=14, max_nodes=6)
+    # At the node limit nothing can be inserted: a new stage costs at least 4 nodes (M, M, C, op).
+    full = Limits(max_depth=14, max_nodes=7)
     with pytest.raises(VariationError, match="no valid mutation"):
         Variation(PAPER, IMAGE, full, rng=random.Random(0), mutations={"insert": 1}).mutate(tree)
 
@@ -226,3 +226,48 @@ def test_a_misspelled_operator_in_the_strategy_settings_names_it():
         get_strategy(
             "regularised_evolution", SearchSpace(PAPER, IMAGE, LIMITS), 0, {"mutations": {"insrt": 1}}
         )
+
+
+def test_a_sequence_rule_of_probability_zero_is_no_site():
+    # M -> M M is alternative 0 of M; with probability 0 it derives nothing, so nothing to insert.
+    assert sequence_symbols(PAPER.with_probability("M", 0, 0.0)) == frozenset()
+
+
+def test_only_a_sequence_of_the_nodes_own_symbol_is_removed():
+    # M -> M N is two parts, but not two of M's: removing one would leave an N where an M was.
+    grammar = parse_grammar("start S\nS -> M M\nM -> M M | M N | C\nN -> C\nC -> norm | leaky_relu\n")
+    assert sequence_symbols(grammar) == {"M"}
+    mixed = parse_tree("(S (M (M (C norm)) (N (C leaky_relu))) (M (C norm)))")
+    with pytest.raises(VariationError, match=r"no site for the mutation operators \['remove'\] in this tree"):
+        Variation(grammar, IMAGE, LIMITS, rng=random.Random(0), mutations={"remove": 1}).mutate(mixed)
+    nested = parse_tree("(S (M (M (C norm)) (M (C leaky_relu))) (M (C norm)))")
+    child = Variation(grammar, IMAGE, LIMITS, rng=random.Random(0), mutations={"remove": 1}).mutate(nested)
+    assert child in {
+        parse_tree("(S (M (C norm)) (M (C norm)))"),
+        parse_tree("(S (M (C leaky_relu)) (M (C norm)))"),
+    }
+
+
+def test_unequal_weights_are_drawn_in_proportion():
+    tree = parse_tree("(S (M (M (C norm)) (M (C softmax))) (M (M (C leaky_relu)) (M (C identity))))")
+    for weights, removals in (
+        ({"remove": 9, "insert": 1}, (120, 150)),
+        ({"remove": 1, "insert": 9}, (0, 30)),
+    ):
+        variation = Variation(PAPER, IMAGE, LIMITS, rng=random.Random(0), mutations=weights)
+        removed = sum(_undo_remove(tree, variation.mutate(tree)) for _ in range(150))
+        assert removals[0] <= removed <= removals[1], (weights, removed)
+    # two operators with a weight each: both are used
+    variation = Variation(PAPER, IMAGE, LIMITS, rng=random.Random(0), mutations={"remove": 1, "insert": 1})
+    removed = sum(_undo_remove(tree, variation.mutate(tree)) for _ in range(60))
+    assert 15 <= removed <= 45
+
+
+def test_insert_has_exactly_the_room_the_node_limit_leaves():
+    # 7 nodes; the smallest insert adds 4: the sequence node, and (M (C op)) of 3.
+    tree = parse_tree("(S (M (C norm)) (M (C leaky_relu)))")
+    room = Limits(max_depth=14, max_nodes=11)
+    child = Variation(PAPER, IMAGE, room, rng=random.Random(0), mutations={"insert": 1}).mutate(tree)
+    assert sum(n.kind in ("terminal", "nonterminal") for _, n in walk(child)) == 11
+    with pytest.raises(VariationError, match="the tree may be minimal, or the limits too tight"):
+        Variation(PAPER, IMAGE, Limits(max_depth=14, max_nodes=10), mutations={"insert": 1}).mutate(tree)
