@@ -238,7 +238,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "mutation operators": (
         "einspace/sampling/variation.py",
         (),
-        ("tests/test_mutation_operators.py", "tests/test_variation.py"),
+        ("tests/test_mutation_operators.py", "tests/test_variation.py", "tests/test_min_limits.py"),
     ),
 }
 
