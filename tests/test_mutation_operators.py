@@ -13,7 +13,7 @@ from einspace.grammar.parser import parse_grammar
 from einspace.sampling.variation import mutation_weights, sequence_symbols
 from einspace.search.strategy import SearchSpace, get_strategy
 from einspace.state import input_state
-from einspace.tree import Node, Nonterminal, node_at, replace_at, walk
+from einspace.tree import Node, Nonterminal, node_at, replace_at, to_text, walk
 
 IMAGE = input_state((3, 16, 16))
 LIMITS = Limits(max_depth=14, max_nodes=120)
@@ -82,9 +82,9 @@ def test_insert_keeps_the_parent_whole_and_adds_one_stage():
             if path not in _sequence_paths(child):
                 continue
             first, second = node_at(child, path).children
-            if first == node_at(tree, path):
+            if first == node_at(tree, path) != second:
                 orders.add("after")
-            if second == node_at(tree, path):
+            if second == node_at(tree, path) != first:
                 orders.add("before")
     assert orders == {"before", "after"}
 
@@ -272,3 +272,32 @@ def test_insert_has_exactly_the_room_the_node_limit_leaves():
     assert sum(n.kind in ("terminal", "nonterminal") for _, n in walk(child)) == 11
     with pytest.raises(VariationError, match="; the tree may be minimal, or the limits too tight$"):
         Variation(PAPER, IMAGE, Limits(max_depth=14, max_nodes=10), mutations={"insert": 1}).mutate(tree)
+
+
+def test_a_stage_is_derived_from_the_signal_where_it_goes():
+    # The first M turns the image into columns (im2col, no col2im). A stage put before it receives
+    # the image, so it may start with an im-mode operation (im2col, a permute of three axes); a
+    # stage put after it receives columns, so it may hold col2im, which only col mode has (a stage
+    # derived from the image could only hold one after its own im2col, which columns refuse).
+    tree = parse_tree("(S (M (R1 im2col(k=4, s=4, p=0)) (M (C linear(d=32))) (R2 identity)) (M (C norm)))")
+    old = node_at(tree, (0,))
+    variation = Variation(PAPER, IMAGE, LIMITS, rng=random.Random(0), mutations={"insert": 1})
+    before, after = [], []
+    for _ in range(400):
+        site = node_at(variation.mutate(tree), (0,))
+        if old not in site.children or len(site.children) != 2:
+            continue  # the stage went elsewhere
+        first, second = site.children
+        if first == old != second:
+            after.append(second)
+        elif second == old != first:
+            before.append(first)
+    assert before and after
+
+    def starts_in_image_mode(stage: Node) -> bool:
+        op = next(node for _, node in walk(stage) if node.kind == "terminal")
+        return op.op == "im2col" or (op.op == "permute" and len(dict(op.args)["order"]) == 3)
+
+    assert any(starts_in_image_mode(stage) for stage in before)
+    assert not any(starts_in_image_mode(stage) for stage in after)
+    assert any("col2im" in to_text(stage) for stage in after)
