@@ -301,3 +301,46 @@ def test_a_stage_is_derived_from_the_signal_where_it_goes():
     assert any(starts_in_image_mode(stage) for stage in before)
     assert not any(starts_in_image_mode(stage) for stage in after)
     assert any("col2im" in to_text(stage) for stage in after)
+
+
+def _size(tree: Node) -> int:
+    return sum(n.kind in ("terminal", "nonterminal") for _, n in walk(tree))
+
+
+@pytest.mark.parametrize("operator", ["subtree", "insert"])
+def test_a_change_may_use_all_the_room_the_limits_leave(operator):
+    """Each limit's room is what the rest of the tree leaves: the depth below the site, the nodes
+    and parameters outside the part a subtree mutation replaces (inside it for insert, which keeps
+    it). A change may use all of it, and the children reach each limit."""
+    cols = input_state((16, 32))
+    tree = parse_tree("(S (M (C linear(d=64))) (M (C identity)))")  # depth 3, 7 nodes
+    checked = check_tree(tree, PAPER, cols)
+    limits = {
+        "depth": Limits(max_depth=6, max_nodes=200),
+        "nodes": Limits(max_depth=20, max_nodes=11),
+        "params": Limits(max_depth=20, max_nodes=200, max_params=checked.params + 64 * 65),
+    }
+    reached = {}
+    for name, limit in limits.items():
+        variation = Variation(PAPER, cols, limit, rng=random.Random(1), mutations={operator: 1})
+        children = [check_tree(variation.mutate(tree), PAPER, cols) for _ in range(150)]
+        reached[name] = max(
+            {"depth": c.stats.depth, "nodes": _size(c.tree), "params": c.params}[name] for c in children
+        )
+    assert reached == {"depth": 6, "nodes": 11, "params": checked.params + 64 * 65}
+
+
+def test_a_subtree_mutation_may_spend_the_parameters_of_the_part_it_replaces():
+    # At max_params exactly, a new first stage may hold as many parameters as the linear it
+    # replaces; none more.
+    cols = input_state((16, 32))
+    tree = parse_tree("(S (M (C linear(d=64))) (M (C identity)))")
+    checked = check_tree(tree, PAPER, cols)
+    own = checked.facts[(0,)].params
+    variation = Variation(PAPER, cols, Limits(max_depth=20, max_params=checked.params), rng=random.Random(0))
+    spent = [
+        check_tree(child, PAPER, cols).facts[(0,)].params
+        for child in (variation.mutate(tree) for _ in range(150))
+        if node_at(child, (0,)) != node_at(tree, (0,))
+    ]
+    assert 0 < max(spent) <= own
