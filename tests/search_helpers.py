@@ -33,6 +33,20 @@ BASE: dict[str, Any] = {
 }
 
 
+#: RE with a surrogate that screens 4 proposals per child once 10 results are in (the
+#: surrogate's tests, and the warm start that feeds it).
+SCREENED: dict[str, Any] = {
+    "name": "regularised_evolution",
+    "settings": {
+        "evaluations": 24,
+        "population": 6,
+        "tournament": 3,
+        "screen": 4,
+        "surrogate_min_results": 10,
+    },
+}
+
+
 def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in changes.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from search_helpers import experiment
+from search_helpers import SCREENED, experiment
 
 import einspace.search.loop as loop
 from einspace.errors import EinspaceError
@@ -73,25 +73,12 @@ def test_the_driver_time_is_the_sum_of_the_time_inside_each_driving_block(
     assert session.summary.driver_seconds == 2.0
 
 
-#: A strategy with a surrogate, which a warm start feeds (as in tests/test_surrogate.py).
-_SCREENED = {
-    "name": "regularised_evolution",
-    "settings": {
-        "evaluations": 24,
-        "population": 6,
-        "tournament": 3,
-        "screen": 4,
-        "surrogate_min_results": 10,
-    },
-}
-
-
 def test_a_new_warm_started_run_gives_its_surrogate_the_earlier_results(tmp_path: Path) -> None:
-    earlier = experiment(tmp_path / "a", strategy=_SCREENED)
+    earlier = experiment(tmp_path / "a", strategy=SCREENED)
     with SearchRun.start(earlier) as run:
         run.run(earlier.make_executor(), max_results=3)
         scored = [r for r in run.store.history() if r.status != "cached"]
-    e = experiment(tmp_path / "b", strategy=_SCREENED, warm_start=[str(tmp_path / "a")])
+    e = experiment(tmp_path / "b", strategy=SCREENED, warm_start=[str(tmp_path / "a")])
     with SearchRun.start(e) as run:
         assert run.strategy.surrogate.sources == [1] * len(scored)
         assert len(scored) == 3

@@ -12,7 +12,7 @@ import sys
 import pytest
 import scipy.stats
 import yaml
-from search_helpers import BASE, experiment, merge
+from search_helpers import BASE, SCREENED, experiment, merge
 
 from einspace import Limits, input_state, load_grammar
 from einspace.cli import main
@@ -149,18 +149,6 @@ def test_the_report_prints_the_rank_correlation(tmp_path):
     rho = rank_correlation(pairs)
     expected = f"surrogate rank correlation (Spearman, screened results): {rho:.2f} over {len(pairs)}"
     assert len(pairs) == 30 - 10 and expected in text
-
-
-SCREENED = {
-    "name": "regularised_evolution",
-    "settings": {
-        "evaluations": 24,
-        "population": 6,
-        "tournament": 3,
-        "screen": 4,
-        "surrogate_min_results": 10,
-    },
-}
 
 
 def finished_run(run_dir, **changes):
