@@ -184,7 +184,8 @@ def test_all_operators_mix_in_proportion():
     "mutations, message",
     [
         ({"insrt": 1}, r"unknown mutation operator\(s\) \['insrt'\]"),
-        ({"insert": -1}, "mutation weight of 'insert' must be a number >= 0"),
+        ({"insert": -1}, "mutation weight of 'insert' must be a finite number >= 0, got -1"),
+        ({"insert": float("inf")}, "mutation weight of 'insert' must be a finite number >= 0, got inf"),
         ({"insert": "1"}, "mutation weight of 'insert'"),
         ({"insert": True}, "mutation weight of 'insert'"),
         ({"insert": float("nan")}, "mutation weight of 'insert'"),

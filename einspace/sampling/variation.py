@@ -14,6 +14,7 @@ insert and remove a layer).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Mapping
 
@@ -63,8 +64,8 @@ def mutation_weights(mutations: Mapping[str, float] | None) -> dict[str, float]:
     if unknown:
         raise VariationError(f"unknown mutation operator(s) {unknown}; the operators are {list(MUTATIONS)}")
     for name, weight in mutations.items():
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
-            raise VariationError(f"mutation weight of {name!r} must be a number >= 0, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf:
+            raise VariationError(f"mutation weight of {name!r} must be a finite number >= 0, got {weight!r}")
     if not sum(mutations.values()) > 0:
         raise VariationError(f"mutation weights {dict(mutations)} are all zero: give some operator a weight")
     return {name: float(mutations.get(name, 0.0)) for name in MUTATIONS}
