@@ -33,6 +33,7 @@ from torch import nn
 from einspace.grammar.parser import load_grammar
 from einspace.network.importer import ModelImportError, import_model
 from einspace.state import input_state
+from einspace.testing.reference_models import Attention  # timm's
 
 GRAMMAR = "einspace_zoo"
 TOLERANCE = 1e-6  # of the largest logit, in float64
@@ -215,21 +216,6 @@ class VGG11(nn.Module):
 
 
 # ----------------------------------------------------------- ViT (Dosovitskiy et al. 2021), Mixer
-
-
-class Attention(nn.Module):
-    """timm's Attention: one qkv projection split into heads, scaled dot-product, a projection."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads, self.head_dim = heads, width // heads
-        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
 
 
 class Mlp(nn.Module):

@@ -6,9 +6,10 @@ logits."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
-import torch.nn.functional as F
 from test_fx_import import sequence_form
 from test_import_zoo import assert_terminal_matches
 from torch import nn
@@ -20,26 +21,12 @@ from einspace.network.importer import ModelImportError, import_model
 from einspace.ops import get_op
 from einspace.seeds import architectures as arch
 from einspace.state import input_state
+from einspace.testing.reference_models import Attention  # timm's
 from einspace.tree import Terminal, parse_tree, to_text, walk
 
 ZOO = load_grammar("einspace_zoo")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class Attention(nn.Module):
-    """timm's Attention: one qkv projection reshaped into heads, F.scaled_dot_product_attention."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads, self.head_dim = heads, width // heads
-        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
 
 
 class SmallViT(nn.Module):
@@ -122,7 +109,9 @@ def test_a_head_count_off_the_grid_is_located():
     with pytest.raises(ModelImportError) as caught:
         import_model(SmallViT(80, 5, 16), input_state((3, 16, 16)), ZOO)
     message = str(caught.value)
-    assert "test_import_tokens.py:" in message and "scaled_dot_product_attention" in message
+    lines, first = inspect.getsourcelines(Attention.forward)
+    call = first + next(i for i, line in enumerate(lines) if "scaled_dot_product_attention" in line)
+    assert f"reference_models.py:{call}:" in message and "scaled_dot_product_attention" in message
     assert "clone(b=5) is not in the grammar's grid" in message and "clone(b=3)" in message
     with pytest.raises(ModelImportError, match=r"clone\(b=3\) is not in the grammar's grid"):
         import_model(SmallViT(48, 3, 16), input_state((3, 16, 16)), "einspace")

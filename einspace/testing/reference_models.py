@@ -27,6 +27,7 @@ from torch import nn
 
 __all__ = [
     "REFERENCES",
+    "Attention",
     "DenseNet",
     "MLPMixer",
     "Reference",
@@ -214,18 +215,20 @@ class _Mlp(nn.Sequential):
         super().__init__(nn.Linear(d, hidden), nn.LeakyReLU(0.01), nn.Linear(hidden, out))
 
 
-class _Attention(nn.Module):
-    """Multi-head self-attention with one qkv projection (as timm writes it), heads of `e`."""
+class Attention(nn.Module):
+    """Multi-head self-attention as timm writes it: one qkv projection reshaped into heads of `e`
+    (by default width // heads) and unbound, scaled dot-product, an output projection. Also the
+    attention of the import tests' and benchmark's timm-style models."""
 
-    def __init__(self, width: int, heads: int, e: int):
+    def __init__(self, width: int, heads: int, e: int | None = None):
         super().__init__()
-        self.heads, self.e = heads, e
-        self.qkv = nn.Linear(width, 3 * heads * e)
-        self.proj = nn.Linear(heads * e, width)
+        self.heads, self.e = heads, width // heads if e is None else e
+        self.qkv = nn.Linear(width, 3 * heads * self.e)
+        self.proj = nn.Linear(heads * self.e, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, self.e).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, self.e).permute(2, 0, 3, 1, 4).unbind(0)
         out = F.scaled_dot_product_attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(b, n, self.heads * self.e))
 
@@ -243,7 +246,7 @@ class _Attention(nn.Module):
 class _PostNormLayer(nn.Module):
     def __init__(self, width: int, heads: int, e: int, hidden: int):
         super().__init__()
-        self.attention = _Attention(width, heads, e)
+        self.attention = Attention(width, heads, e)
         self.norm1 = nn.LayerNorm(width)
         self.mlp = _Mlp(width, hidden, width)
         self.norm2 = nn.LayerNorm(width)
