@@ -22,28 +22,8 @@ from einspace.search.store import COLUMN_NAMES, Record, State, record_of_row
 
 __all__ = ["COST_FIELDS", "FIELDS", "Columns", "as_columns", "as_records"]
 
-#: The stored fields the columns hold.
-FIELDS = (
-    "seq",
-    "id",
-    "status",
-    "fitness",
-    "origin",
-    "parents",
-    "cached_from",
-    "hash",
-    "seconds",
-    "fidelity",
-    "partial",
-    "cost",
-    "worker",
-    "node",
-    "error",
-    "metrics",
-    "tree",
-    "submitted_at",
-    "finished_at",
-)
+#: The stored fields the columns hold: all but `state` (the columns hold finished evaluations only).
+FIELDS = tuple(name for name in COLUMN_NAMES if name != "state")
 _QUERY = f"SELECT {', '.join(FIELDS)} FROM evaluations WHERE state = ? ORDER BY seq"
 _DECODE = json.JSONDecoder().raw_decode
 #: `Cost`'s fields, in the order `Cost.to_json` gives them.
@@ -106,7 +86,7 @@ class Columns:
         with _collector_paused():
             rows = db.execute(_QUERY, (State.FINISHED.value,)).fetchall()
             columns = list(zip(*rows, strict=True)) if rows else [()] * len(FIELDS)
-            return cls(*map(list, columns))
+            return cls(**{name: list(values) for name, values in zip(FIELDS, columns, strict=True)})
 
     @classmethod
     def of(cls, records: Sequence[Record]) -> Columns:
