@@ -158,7 +158,8 @@ class Variation:
             operator = operators[0] if len(operators) == 1 else self.rng.choices(operators, weights)[0]
             path = self.rng.choice(sites[operator])
             old = node_at(tree, path)
-            for new in self._changes(operator, tree, checked, path, depths, sizes):
+            assert isinstance(old, Nonterminal)
+            for new in self._changes(operator, old, checked, path, depths, sizes):
                 if new == old:
                     continue
                 child = self._valid(replace_at(tree, path, new))
@@ -172,15 +173,13 @@ class Variation:
     def _changes(
         self,
         operator: str,
-        tree: Node,
+        old: Nonterminal,
         checked: CheckedTree,
         path: Path_,
         depths: dict[Path_, int],
         sizes: dict[Path_, int],
     ) -> Iterator[Node]:
-        """The replacements `operator` proposes for the node at `path`, in the order to try them."""
-        old = node_at(tree, path)
-        assert isinstance(old, Nonterminal)
+        """The replacements `operator` proposes for `old`, the node at `path`, in the order to try them."""
         if operator == "remove":
             parts = list(old.children)
             self.rng.shuffle(parts)
