@@ -21,6 +21,14 @@ have spent it. Methods, each from scratch and seeded:
           everything: successive halving, surrogate screening and inheritance.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
+- RE+S+T, RE+S+T2 (transfer, no seed architecture in the search): RE+S whose surrogate is
+          warm-started (`warm_start`) from earlier searches on digits with the same random seed,
+          run first with the digits budget (their compute is not charged: they are earlier
+          searches): RE from scratch (RE+S+T), or that and RE seeded with `resnet_small`
+          (RE+S+T2). A surrogate ready from the start screens the initial population too, so
+          every candidate is the best of SCREEN_TRANSFER proposals. Nothing of the task is known
+          to them beforehand, but they are not from scratch either: target (c) is judged without
+          them, and their own line (t) says how they do.
 
 Tasks, none downloaded (generated ones are written as .npz under OUT/data):
 
@@ -74,7 +82,7 @@ match; a Ray worker's first evaluation includes its start-up; the baselines stay
 Output goes to `--out` (default runs/search_efficiency).
 
     python benchmarks/search_efficiency.py --quick       # 1 seed, small budgets: minutes on 2 cores
-    python benchmarks/search_efficiency.py               # 3 seeds: about 1-1.5 hours on 2 cores
+    python benchmarks/search_efficiency.py               # 3 seeds, every method: 2-3 hours on 2 cores
     python benchmarks/search_efficiency.py --executor ray --num-gpus 0.25 --jobs 4 --budget 60
     python benchmarks/search_efficiency.py --tasks motifs --methods RE+SH --optimizer adam --lr 0.003
 """
@@ -123,9 +131,11 @@ STRATEGY_BUDGET = 10**6  # the strategies' own count of evaluations: out of reac
 TARGET_SPEEDUP, TARGET_WASTE = 3, 0.10
 TARGET_SPEEDUP_EVERYTHING = 5  # RE with successive halving, surrogate and inheritance (issue 26)
 SCREEN = 8  # surrogate-screened methods: proposals per trained child
+SCREEN_TRANSFER = 64  # RE+S+T: proposals per candidate, ranked by the warm-started surrogate
+TRANSFER_SOURCE = "digits"  # RE+S+T: the task of the earlier search its surrogate starts from
 TARGET_RHO = 0.5  # issue 26: the surrogate's rank correlation once 50 results are in
 MUTATIONS = (("subtree", 1.0), ("insert", 1.0), ("remove", 1.0))  # +M: every operator alike
-LATE_PAIRS = 30  # screened pairs before those predicted from >= 50 results (see _surrogate)
+RHO_RESULTS, SURROGATE_MIN_RESULTS = 50, 20  # (s) counts pairs predicted from >= 50 results (_surrogate)
 
 
 @register_strategy
@@ -224,6 +234,7 @@ class Method:
     screen: int = 1  # proposals per trained child, ranked by the surrogate (1: none)
     inherit: bool = False  # children start from their parent's trained weights
     mutations: tuple[tuple[str, float], ...] = ()  # mutation operators' weights (none: the paper's)
+    transfer: tuple[str, ...] = ()  # the surrogate starts from these methods' searches on TRANSFER_SOURCE
 
     @property
     def everything(self) -> bool:
@@ -240,6 +251,8 @@ METHODS = {
     "RE+all": Method("regularised_evolution", halving=True, screen=SCREEN, inherit=True),
     "RE+M": Method("regularised_evolution", mutations=MUTATIONS),
     "RE+SH+M": Method("regularised_evolution", halving=True, mutations=MUTATIONS),
+    "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
+    "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RS-seeded": Method("seeded_random_search", seeded=True),
     "RE-seeded": Method("regularised_evolution", seeded=True),
     "RE+SH-seeded": Method("regularised_evolution", halving=True, seeded=True),
@@ -260,6 +273,7 @@ class Job:
     in_flight: int = 1
     num_gpus: float = 0.0
     optimiser: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr: over the recipe's
+    source_budget: float = 0.0  # transfer: the compute of the earlier search on TRANSFER_SOURCE
 
 
 def _dataset(task: Task, data_dir: Path) -> str:
@@ -279,9 +293,10 @@ def evaluator_settings(task: Task, data_dir: Path, optimiser: tuple = ()) -> dic
     }
 
 
-def experiment(job: Job, run_dir: Path) -> dict[str, Any]:
+def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dict[str, Any]:
     """The quick start's experiment for one search: the task's input, grammar and data, the
-    method's strategy (RE with the quick start's settings) and the executor asked for."""
+    method's strategy (RE with the quick start's settings), the executor asked for and the runs
+    its surrogate is warm-started from."""
     raw, task, method = quickstart(), TASKS[job.task], METHODS[job.method]
     data_dir = Path(job.data_dir)
     strategy = {"evaluations": STRATEGY_BUDGET}
@@ -314,6 +329,7 @@ def experiment(job: Job, run_dir: Path) -> dict[str, Any]:
         "seeds": [task.seed] if method.seeded else [],
         "executor": executor,
         **({"multi_fidelity": HALVING} if method.halving else {}),
+        **({"warm_start": list(warm_start)} if warm_start else {}),
     }
 
 
@@ -343,28 +359,23 @@ def run_search(job: Job) -> dict[str, Any]:
     its incumbent's validation and test accuracy (and, seeded RE, the seed's own evaluation)."""
     confine_worker(MEMORY_LIMIT_GB if job.executor == "in_process" else None)
     from einspace.search.compute import best_so_far, compute_of, incumbent, wasted
-    from einspace.search.config import parse_experiment
-    from einspace.search.loop import SearchRun
     from einspace.search.successive_halving import PROMOTION
 
-    started, spent = time.perf_counter(), 0.0
-
-    def count(record: Record, _: object) -> None:
-        nonlocal spent
-        spent += compute_of(record)
-
+    started, sources, warm_start = time.perf_counter(), [], []
     with tempfile.TemporaryDirectory() as tmp:
-        e = parse_experiment(experiment(job, Path(tmp)), f"search_efficiency:{job.task}")
-        if job.executor == "in_process":
-            _warm_up(e, job)
-        executor = e.make_executor()
-        try:
-            with SearchRun.start(e) as run:
-                run.run(executor, on_result=count, should_stop=lambda: spent >= job.budget)
-                history = run.store.history()
-                checkpoint = run.store.load_checkpoint()
-        finally:
-            executor.shutdown()
+        for name in METHODS[job.method].transfer:
+            earlier = replace(job, task=TRANSFER_SOURCE, method=name, budget=job.source_budget)
+            history, _ = _search(earlier, Path(tmp) / name)
+            found = incumbent(history)
+            sources.append(
+                {
+                    "method": name,
+                    "best": found.fitness if found else math.nan,
+                    "total": sum(map(compute_of, history)),
+                }
+            )
+            warm_start.append(str(Path(tmp) / name))
+        history, checkpoint = _search(job, Path(tmp) / "run", tuple(warm_start))
     curve = best_so_far(history)
     best = incumbent(history)
     out: dict[str, Any] = {
@@ -377,8 +388,9 @@ def run_search(job: Job) -> dict[str, Any]:
         "failures": Counter(failure_kind(r.error) for r in history if r.status == "failed"),
         "best": best.fitness if best is not None else math.nan,
         **_children(history),
-        "surrogate": _surrogate(checkpoint),
+        "surrogate": _surrogate(checkpoint, warm=bool(warm_start)),
         "test": _retrained(job, best.tree) if best is not None else math.nan,
+        **({"sources": sources} if sources else {}),
     }
     if job.method == "RE-seeded":
         own = next(r for r in history if r.origin.startswith("seed:") and r.status != "cached")
@@ -393,18 +405,44 @@ def run_search(job: Job) -> dict[str, Any]:
     return out
 
 
-def _surrogate(checkpoint: dict[str, Any] | None) -> dict[str, float] | None:
+def _search(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> tuple[list[Record], Any]:
+    """Run one search in `run_dir` until its evaluations have spent `job.budget`: its history and
+    last checkpoint."""
+    from einspace.search.compute import compute_of
+    from einspace.search.config import parse_experiment
+    from einspace.search.loop import SearchRun
+
+    spent = 0.0
+
+    def count(record: Record, _: object) -> None:
+        nonlocal spent
+        spent += compute_of(record)
+
+    e = parse_experiment(experiment(job, run_dir, warm_start), f"search_efficiency:{job.task}")
+    if job.executor == "in_process":
+        _warm_up(e, job)
+    executor = e.make_executor()
+    try:
+        with SearchRun.start(e) as run:
+            run.run(executor, on_result=count, should_stop=lambda: spent >= job.budget)
+            return run.store.history(), run.store.load_checkpoint()
+    finally:
+        executor.shutdown()
+
+
+def _surrogate(checkpoint: dict[str, Any] | None, warm: bool) -> dict[str, float] | None:
     """Issue 26's surrogate target: Spearman's rho between the surrogate's prediction for each
-    screened child (made before it trained) and its measured fitness, over all of them and over
-    those predicted once 50 results were in (None: no screening). Screening starts at
-    `surrogate_min_results` (20) results and every screened child adds one, so with one evaluation
-    in flight the pairs from the 31st on were predicted from at least 50."""
+    screened candidate (made before it trained) and its measured fitness, over all of them and
+    over those predicted once 50 of the run's own results were in (None: no screening).
+    Screening starts at `surrogate_min_results` (20) results, or at the first candidate when
+    warm-started, and every screened candidate adds one pair, so with one evaluation in flight
+    the pairs from the 31st on (the 51st on, warm-started) were predicted from at least 50."""
     from einspace.search.surrogate import rank_correlation, screened_pairs
 
     pairs = screened_pairs(checkpoint)
     if pairs is None:
         return None
-    late = pairs[LATE_PAIRS:]
+    late = pairs[RHO_RESULTS - (0 if warm else SURROGATE_MIN_RESULTS) :]
     return {
         "all": rank_correlation(pairs),
         "n": len(pairs),
@@ -685,15 +723,28 @@ def targets(task: Task, rows: list[dict[str, Any]], searches: list[str]) -> list
         )
     lines += _inheritance_lines(rows, searches)
     lines += _surrogate_lines(rows, searches)
-    scratch = [m for m in searches if not METHODS[m].seeded]
+    scratch = [m for m in searches if not METHODS[m].seeded and not METHODS[m].transfer]
     mlp = [r["test"] for r in rows if r["method"] == "MLP"]
+    means = {m: statistics.fmean(r["test"] for r in rows if r["method"] == m) for m in searches}
     if task.mlp_target and scratch and mlp:
-        means = {m: statistics.fmean(r["test"] for r in rows if r["method"] == m) for m in scratch}
-        best = max(means, key=means.get)
+        best = max(scratch, key=means.get)
         verdict = "met" if means[best] > statistics.fmean(mlp) else "not met"
         lines.append(
             f"(c) {verdict}: the best method from scratch, {best}, tests at {100 * means[best]:.1f}% "
             f"against the plain-torch MLP's {100 * statistics.fmean(mlp):.1f}%"
+        )
+    cnn = [r["test"] for r in rows if r["method"] == "CNN"]
+    for m in (m for m in searches if METHODS[m].transfer and mlp and cnn):
+        sources = [s for r in rows if r["method"] == m for s in r["sources"]]
+        earlier = ", ".join(
+            f"{name} best {_pct([s['best'] for s in sources if s['method'] == name]).strip()}%"
+            for name in METHODS[m].transfer
+        )
+        lines.append(
+            f"(t) {m}, no seed architecture, its surrogate warm-started from {TRANSFER_SOURCE} searches "
+            f"({earlier}; {statistics.fmean(s['total'] for s in sources):.0f} s of compute each, not "
+            f"charged): tests at {100 * means[m]:.1f}%, the MLP at {100 * statistics.fmean(mlp):.1f}%, "
+            f"the CNN at {100 * statistics.fmean(cnn):.1f}%"
         )
     return lines
 
@@ -732,14 +783,14 @@ def _surrogate_lines(rows: list[dict[str, Any]], searches: list[str]) -> list[st
         late = [s["late"] for s in seen if not math.isnan(s["late"])]
         every = [s["all"] for s in seen if not math.isnan(s["all"])]
         if not late:
-            lines.append(f"(s) not measured for {m}: no seed screened {LATE_PAIRS + 3} or more children")
+            lines.append(f"(s) not measured for {m}: no seed had 3 predictions from {RHO_RESULTS} results")
             continue
         rho = statistics.fmean(late)
         pairs = sum(s["n_late"] for s in seen)
         overall = f"; {statistics.fmean(every):.2f} over all screened" if every else ""
         lines.append(
-            f"(s) {'met' if rho >= TARGET_RHO else 'not met'}: {m}'s surrogate ranks children at "
-            f"Spearman {rho:.2f} once 50 results are in ({pairs} children, {len(late)} seeds{overall}; "
+            f"(s) {'met' if rho >= TARGET_RHO else 'not met'}: {m}'s surrogate ranks candidates at "
+            f"Spearman {rho:.2f} once 50 results are in ({pairs} candidates, {len(late)} seeds{overall}; "
             f"target >= {TARGET_RHO})"
         )
     return lines
@@ -799,6 +850,9 @@ def _progress(r: dict[str, Any]) -> str:
         failed = f"{c.get('failed', 0)} failed" + (f" ({kinds})" if kinds else "")
         cached = f"{c.get('cached', 0)} cached, {r['promotions']} promotions"
         what = f"{c.get('ok', 0)} ok, {failed}, {cached}; {what}"
+    for source in r.get("sources", ()):
+        name, total, best = source["method"], source["total"], source["best"]
+        what += f"; {TRANSFER_SOURCE} {name} first ({total:.0f} s, best {best:.1%})"
     head = f"  {r['task']} {r['method']} seed {r['seed']}"
     return f"{head}: valid {100 * r['best']:.1f} test {100 * r['test']:.1f} ({what})"
 
@@ -860,11 +914,20 @@ def main() -> None:
     parser.add_argument("--num-gpus", type=float, default=0.0, help="ray: the GPU share of each evaluation")
     parser.add_argument("--optimizer", help="instead of the recipe's (sgd): searches, baselines, retraining")
     parser.add_argument("--lr", type=float, help="instead of the recipe's learning rate (0.04)")
+    parser.add_argument(
+        "--source-budget",
+        type=float,
+        default=None,
+        help=f"transfer methods: seconds of each earlier {TRANSFER_SOURCE} search (default: its budget)",
+    )
     args = parser.parse_args()
     optimiser = tuple((k, v) for k, v in (("optimizer", args.optimizer), ("lr", args.lr)) if v is not None)
     tasks = [TASKS[name] for name in args.tasks]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    budgets = {t.name: args.budget or (t.quick_budget if args.quick else t.budget) for t in tasks}
+    def budget_of(t: Task) -> float:
+        return args.budget or (t.quick_budget if args.quick else t.budget)
+
+    budgets = {t.name: budget_of(t) for t in tasks}
     ray = args.executor == "ray"
     in_flight = args.jobs if ray else 1
     executor = {"kind": args.executor, "searches at once": 1 if ray else args.jobs, "in flight": in_flight}
@@ -892,6 +955,7 @@ def main() -> None:
                 in_flight,
                 args.num_gpus,
                 optimiser,
+                args.source_budget or budget_of(TASKS[TRANSFER_SOURCE]),
             ),
         )
         for t in tasks

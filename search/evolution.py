@@ -40,7 +40,9 @@ class RegularisedEvolution(Strategy):
     With `screen` k > 1, each child is the best of k such proposals as ranked by a `Surrogate`
     fitted to every result told so far (`surrogate`: random_forest or gradient_boosting), once
     `surrogate_min_results` are in; before that, plain RE. Screening prefers trees not proposed
-    before (a repeat would only be served from the cache).
+    before (a repeat would only be served from the cache). The initial population's samples are
+    screened the same way once the surrogate is ready: from the first candidate when it is
+    warm-started from earlier runs (`einspace.search.warm_start`), each the best of k samples.
     """
 
     name = "regularised_evolution"
@@ -81,12 +83,20 @@ class RegularisedEvolution(Strategy):
             if self.space.seeds:
                 name, tree = self.space.seed_trees()[self.next_id % len(self.space.seeds)]
                 return tree, f"seed:{name}", ()
-            return self.sampler.sample(), "sampled", ()
+            if self.surrogate is None or not self.surrogate.ready:
+                return self.sampler.sample(), "sampled", ()
+            return self._screened([(self.sampler.sample(), "sampled", (), None) for _ in range(self.screen)])
         if not self.population:
             return None  # every initial candidate is still in flight: wait for one to come back
         if self.surrogate is None or not self.surrogate.ready:
             return self._vary()[:3]
-        proposals = [self._vary() for _ in range(self.screen)]
+        return self._screened([self._vary() for _ in range(self.screen)])
+
+    def _screened(
+        self, proposals: list[tuple[Node, str, tuple[int, ...], CheckedTree | None]]
+    ) -> tuple[Node, str, tuple[int, ...]]:
+        """The proposal the surrogate ranks best (its features and prediction kept for the result)."""
+        assert self.surrogate is not None
         features = [self._features_of(tree, checked) for tree, _, _, checked in proposals]
         predicted = self.surrogate.predict(features)
         hashes = [content_hash(tree) for tree, _, _, _ in proposals]

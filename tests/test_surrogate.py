@@ -21,7 +21,7 @@ from einspace.search.loop import SearchRun
 from einspace.search.report import report
 from einspace.search.strategy import SearchSpace, get_strategy
 from einspace.search.surrogate import Surrogate, rank_correlation, tree_features
-from einspace.tree import parse_tree
+from einspace.tree import parse_tree, to_text
 
 GRAMMAR = load_grammar("einspace")
 INPUT = input_state((3, 16, 16))
@@ -92,6 +92,53 @@ def test_screened_children_are_fitter_and_the_surrogate_ranks_them():
         assert rank_correlation(s.surrogate.pairs) >= 0.5
 
 
+def warm(strategy, seed: int, count: int = 60) -> None:
+    """Give a strategy's surrogate `count` results of random trees before its first ask, as a warm
+    start from an earlier run does."""
+    sampler = SPACE.sampler(random.Random(1000 + seed))
+    for _ in range(count):
+        tree = sampler.sample()
+        strategy.surrogate.add(tree_features(tree, GRAMMAR, INPUT), fitness(to_text(tree)), source=1)
+
+
+def test_a_surrogate_ready_from_the_start_screens_the_initial_samples_too():
+    """Warm-started, the initial population is the surrogate's pick of 6 samples each: fitter on
+    average than plain samples, each with its prediction paired with its result; not warm, the
+    initial samples are the sampler's own (the test above)."""
+    gains = []
+    for seed in range(3):
+        settings = {"evaluations": 12, "population": 12, "tournament": 3, "surrogate_min_results": 15}
+        plain = get_strategy("regularised_evolution", SPACE, seed, {**settings, "screen": 1})
+        screened = get_strategy("regularised_evolution", SPACE, seed, {**settings, "screen": 6})
+        warm(screened, seed)
+        means = []
+        for s in (plain, screened):
+            asked = [s.ask() for _ in range(12)]
+            assert {c.origin for c in asked} == {"sampled"}
+            for c in asked:
+                s.tell(c.id, fitness(c.tree))
+            means.append(sum(f for c in asked if math.isfinite(f := fitness(c.tree))) / 12)
+        assert len(screened.surrogate.pairs) == 12
+        gains.append(means[1] - means[0])
+    assert min(gains) > 0 and sum(gains) / 3 > 0.5
+
+
+def test_initial_samples_after_enough_results_are_screened():
+    """With a population larger than the results the surrogate needs, the initial samples asked
+    after it is ready are screened (they differ from plain RE's and carry predictions)."""
+    settings = {"evaluations": 30, "population": 30, "tournament": 3, "surrogate_min_results": 15}
+    streams = []
+    for screen in (1, 6):
+        s = get_strategy("regularised_evolution", SPACE, 0, {**settings, "screen": screen})
+        asked = []
+        while not s.done:
+            asked.append(s.ask())
+            s.tell(asked[-1].id, fitness(asked[-1].tree))
+        streams.append([c.tree for c in asked])
+    assert streams[0][:15] == streams[1][:15] and streams[0][15:] != streams[1][15:]
+    assert len(s.surrogate.pairs) == 30 - 15
+
+
 def test_screening_prefers_trees_not_proposed_before():
     """A repeat would only come from the cache: with 6 proposals per child none is a repeat here
     (before this rule, 4 to 6 of 65 screened children were)."""
@@ -158,7 +205,7 @@ def finished_run(run_dir, **changes):
         return r.store.history()
 
 
-def test_a_warm_started_search_screens_from_its_first_mutation_and_resumes_exactly(tmp_path):
+def test_a_warm_started_search_screens_from_its_first_candidate_and_resumes_exactly(tmp_path):
     earlier = finished_run(tmp_path / "a")
     e = experiment(tmp_path / "b", strategy=SCREENED, warm_start=[str(tmp_path / "a")], random_seed=5)
     with SearchRun.start(e) as r:
@@ -166,7 +213,7 @@ def test_a_warm_started_search_screens_from_its_first_mutation_and_resumes_exact
         assert surrogate.sources.count(1) == sum(x.status != "cached" for x in earlier)
         assert r.run(e.make_executor()).finished
         history = r.store.history()
-        assert len(surrogate.pairs) == 24 - 6  # every mutation screened, none after 10 of its own
+        assert len(surrogate.pairs) == 24  # every candidate screened, the initial samples too
     with SearchRun.open(tmp_path / "b") as r:  # the identity holds the warm start
         assert json.loads(r.store.get_meta("experiment"))["warm_start"] == [str(tmp_path / "a")]
     with pytest.raises(EinspaceError, match="warm_start"):
