@@ -5,8 +5,9 @@ earlier runs of the same grammar, on the same task or another (experiment key `w
 The earlier runs' trees are read with this run's grammar and input (a tree that does not fit the
 new input still gives its operation counts) and enter the surrogate's data as their own sources,
 ranked within their run, so screening starts with the first candidate (the initial population's
-samples included) instead of after `surrogate_min_results` results of its own. The run directories are part of the experiment, so
-of the run's identity: a run cannot be resumed with other warm starts. The earlier results are
+samples included) instead of after `surrogate_min_results` results of its own. The run
+directories are part of the experiment, so of the run's identity: a run cannot be resumed with
+other warm starts. The earlier results are
 read once, when the run starts; a resumed run has them in its checkpoint.
 """
 
