@@ -21,11 +21,11 @@ have spent it. Methods, each from scratch and seeded:
           everything: successive halving, surrogate screening and inheritance.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
-- RE+S+T, RE+S+T2 (transfer, no seed architecture in the search): RE+S whose surrogate is
-          warm-started (`warm_start`) from earlier searches on digits with the same random seed,
-          run first with the digits budget (their compute is not charged: they are earlier
-          searches): RE from scratch (RE+S+T), or that and RE seeded with `resnet_small`
-          (RE+S+T2). A surrogate ready from the start screens the initial population too, so
+- RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
+          whose surrogate is warm-started (`warm_start`) from earlier searches on digits with the
+          same random seed, run first with the digits budget (their compute is not charged: they
+          are earlier searches): RE from scratch (RE+S+T, RE+SH+S+T), or that and RE seeded with
+          `resnet_small` (RE+S+T2). A surrogate ready from the start screens the initial population too, so
           every candidate is the best of SCREEN_TRANSFER proposals. Nothing of the task is known
           to them beforehand, but they are not from scratch either: target (c) is judged without
           them, and their own line (t) says how they do.
@@ -253,6 +253,7 @@ METHODS = {
     "RE+SH+M": Method("regularised_evolution", halving=True, mutations=MUTATIONS),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
+    "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RS-seeded": Method("seeded_random_search", seeded=True),
     "RE-seeded": Method("regularised_evolution", seeded=True),
     "RE+SH-seeded": Method("regularised_evolution", halving=True, seeded=True),
