@@ -135,7 +135,8 @@ SCREEN_TRANSFER = 64  # RE+S+T: proposals per candidate, ranked by the warm-star
 TRANSFER_SOURCE = "digits"  # RE+S+T: the task of the earlier search its surrogate starts from
 TARGET_RHO = 0.5  # issue 26: the surrogate's rank correlation once 50 results are in
 MUTATIONS = (("subtree", 1.0), ("insert", 1.0), ("remove", 1.0))  # +M: every operator alike
-RHO_RESULTS, SURROGATE_MIN_RESULTS = 50, 20  # (s) counts pairs predicted from >= 50 results (_surrogate)
+RHO_RESULTS = 50  # (s) counts the pairs predicted from >= 50 of the run's own results (_surrogate)
+SURROGATE_MIN_RESULTS = 20  # screened methods: plain RE until this many results are in
 
 
 @register_strategy
@@ -304,7 +305,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
     if method.strategy == "regularised_evolution":
         strategy = {**raw["strategy"]["settings"], **strategy}
     if method.screen > 1:
-        strategy = {**strategy, "screen": method.screen}
+        strategy = {**strategy, "screen": method.screen, "surrogate_min_results": SURROGATE_MIN_RESULTS}
     if method.mutations:
         strategy = {**strategy, "mutations": dict(method.mutations)}
     executor = (

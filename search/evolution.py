@@ -83,14 +83,18 @@ class RegularisedEvolution(Strategy):
             if self.space.seeds:
                 name, tree = self.space.seed_trees()[self.next_id % len(self.space.seeds)]
                 return tree, f"seed:{name}", ()
-            if self.surrogate is None or not self.surrogate.ready:
-                return self.sampler.sample(), "sampled", ()
-            return self._screened([(self.sampler.sample(), "sampled", (), None) for _ in range(self.screen)])
-        if not self.population:
+            propose = self._sample
+        elif not self.population:
             return None  # every initial candidate is still in flight: wait for one to come back
+        else:
+            propose = self._vary
         if self.surrogate is None or not self.surrogate.ready:
-            return self._vary()[:3]
-        return self._screened([self._vary() for _ in range(self.screen)])
+            return propose()[:3]
+        return self._screened([propose() for _ in range(self.screen)])
+
+    def _sample(self) -> tuple[Node, str, tuple[int, ...], CheckedTree | None]:
+        """A fresh sample (no check made): an initial candidate, or a child when no mutation works."""
+        return self.sampler.sample(), "sampled", (), None
 
     def _screened(
         self, proposals: list[tuple[Node, str, tuple[int, ...], CheckedTree | None]]
@@ -123,7 +127,7 @@ class RegularisedEvolution(Strategy):
                 return child.tree, "mutation", (parent[0],), child
             except EinspaceError:
                 continue
-        return self.sampler.sample(), "sampled", (), None
+        return self._sample()
 
     def live_parents(self) -> set[int]:
         """The population: only its members enter tournaments."""

@@ -7,8 +7,8 @@ new input still gives its operation counts) and enter the surrogate's data as th
 ranked within their run, so screening starts with the first candidate (the initial population's
 samples included) instead of after `surrogate_min_results` results of its own. The run
 directories are part of the experiment, so of the run's identity: a run cannot be resumed with
-other warm starts. The earlier results are
-read once, when the run starts; a resumed run has them in its checkpoint.
+other warm starts. The earlier results are read once, when the run starts; a resumed run has them
+in its checkpoint.
 """
 
 from __future__ import annotations
