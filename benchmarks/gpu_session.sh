@@ -4,7 +4,7 @@
 #
 #   BUDGET=560 bash benchmarks/gpu_session.sh [PHASE ...]   # default: every phase, in priority order
 #
-# Phases: env gputests xd search tests steps pool compiled profile graphs mps context, in the order
+# Phases: env gputests xd xdsteps search tests steps pool compiled profile graphs mps context, in the order
 # of what the last GPU session (2026-11-27, an H100) left unmeasured. Each phase has its own time
 # limit, cut to what is left of BUDGET seconds (default 560), so the script ends inside one command
 # of the device tool; a phase with under 20 s left is skipped. Everything goes to one log,
@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 LOG="$OUT/session.log"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-phases=${*:-env gputests xd search tests steps pool compiled profile graphs mps context}
+phases=${*:-env gputests xd xdsteps search tests steps pool compiled profile graphs mps context}
 
 if ! "$PY" -c "import einspace.search, ray, lark" 2>/dev/null; then
   bash .whl/install.sh 2>&1 | tee -a "$LOG"
@@ -94,6 +94,31 @@ EOF
     else
       echo "== mps: nvidia-cuda-mps-control not found, skipped" | tee -a "$LOG"
     fi
+    ;;
+  xdsteps)  # issue 27: a network of XD-operations trained eagerly and from CUDA graphs (cached permutations)
+    run xdsteps 90 "$PY" - <<'EOF'
+import pathlib, sys, tempfile
+sys.path.insert(0, "benchmarks")
+from gpu_pool import synthetic_images
+from einspace.evaluators.base import Task, run_task
+from einspace.seeds.architectures import act, computation, network, seq
+from einspace.tree import to_text
+
+xd = lambda s: computation("xd", d=16, k=3, s=s, p=1)  # noqa: E731
+tree = to_text(network(seq(xd(1), act(), xd(2), act(), xd(2), act())))
+with tempfile.TemporaryDirectory() as tmp:
+    data = str(synthetic_images(pathlib.Path(tmp), train=2560))
+    base = {"dataset": data, "epochs": 3, "batch_size": 128, "device": "cuda"}
+    print(f"{'step_mode':<12}{'applied':>8}{'steps ms':>10}{'accuracy':>9}")
+    for mode in ["eager", "cuda_graphs", "eager"]:
+        r = run_task(Task(tree, "einspace_plus", (3, 32, 32), "training", {**base, "step_mode": mode}))
+        if not r.ok:
+            print(f"{mode:<12} failed: {r.error}")
+            continue
+        m = r.metrics
+        per_step = 1000 * m["time/steps"] / (3 * 20 - 1)
+        print(f"{mode:<12}{m.get('step_mode_applied', 0):>8.0f}{per_step:>10.3f}{m['valid_accuracy']:>9.3f}")
+EOF
     ;;
   steps)  # one small network, one process: time per step under each step mode (host round trips)
     run steps 100 "$PY" - <<'EOF'

@@ -80,6 +80,68 @@ def test_two_pass_blocks_are_the_dense_matrix(n: int):
     assert ((y - x @ dense.T).abs().max() / dense.abs().max()).item() < 1e-12
 
 
+@pytest.mark.parametrize("n, stages", [(1, 0), (2, 1), (8, 0), (8, 3), (16, 2), (64, 5), (64, 6), (128, 7)])
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+def test_product_tree_multiplies_out_the_same_blocks_as_the_stages(
+    n: int, stages: int, batch: tuple[int, ...]
+):
+    """The GPU's product tree (every factor gathered as dense blocks, multiplied pairwise; a stage
+    count that is not a power of two padded with identities) equals the CPU's stage-by-stage product
+    for the first `stages` stages of any twiddles, in value and in gradient."""
+    twiddles = torch.randn(*batch, stages, n // 2, 2, 2, dtype=torch.complex128, requires_grad=True)
+    by_stages = xd_module._factor_blocks_by_stages(twiddles, n)
+    by_products = xd_module._factor_blocks_by_products(twiddles, n)
+    assert by_products.shape == by_stages.shape == (*batch, n >> stages, 1 << stages, 1 << stages)
+    assert (by_products - by_stages).abs().max() < 1e-12
+    if not stages:
+        return  # no twiddles: the identity
+    upstream = torch.randn_like(by_stages)
+    (expected,) = torch.autograd.grad(by_stages, twiddles, upstream)
+    (grad,) = torch.autograd.grad(by_products, twiddles, upstream)
+    assert (grad - expected).abs().max() < 1e-12
+
+
+def test_factors_are_multiplied_out_by_stages_on_cpu_only():
+    """The CPU takes the stage-by-stage product, other devices the tree (here: meta)."""
+    twiddles = torch.randn(3, 16, 2, 2, dtype=torch.complex128)
+    assert xd_module._factor_blocks(twiddles, 32).shape == (4, 8, 8)
+    calls = []
+    original = xd_module._factor_blocks_by_products
+    try:
+        xd_module._factor_blocks_by_products = lambda t, n: calls.append(t.device.type) or original(t, n)
+        xd_module._factor_blocks(twiddles, 32)
+        xd_module._factor_blocks(twiddles.to("meta"), 32)
+    finally:
+        xd_module._factor_blocks_by_products = original
+    assert calls == ["meta"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spatial", [(14, 6), (30,), (1000,)])
+def test_a_cuda_graph_replays_the_eager_step(spatial: tuple[int, ...]):
+    """Captured as the training evaluator's `step_mode: cuda_graphs` captures a network (no host
+    copies inside the step: the permutations are cached on the device), the graph computes the
+    eager output and gradients: dense 2-d and 1-d axes, and two-pass blocks (1000 -> 1024 points)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    channels_last = len(spatial) == 1
+    xd = XDConv(4, 5, 3, spatial, padding=1, channels_last=channels_last, device="cuda", dtype=torch.float64)
+    with torch.no_grad():
+        for param in xd.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    shape = (8, *spatial, 4) if channels_last else (8, 4, *spatial)
+    x = torch.randn(shape, device="cuda", dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(8, *xd(x).shape[1:], device="cuda", dtype=torch.float64)
+    expected = xd(x)
+    expected_grads = torch.autograd.grad(expected, (x, *xd.parameters()), upstream)
+    graphed = torch.cuda.make_graphed_callables(xd, (x,))
+    out = graphed(x)
+    grads = torch.autograd.grad(out, (x, *xd.parameters()), upstream)
+    assert relative(out, expected) < 1e-12
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert relative(grad, expected_grad) < 1e-12
+
+
 def test_butterfly_rejects_sizes_that_are_not_powers_of_two():
     with pytest.raises(ValueError, match="power-of-two"):
         dft_twiddles(12)
@@ -211,6 +273,9 @@ def _reference_xd(xd: XDConv, x: torch.Tensor) -> torch.Tensor:
         ((13,), 3, 2, 1, True, "blocked"),
         ((6, 11), 3, 2, 1, False, "blocked"),
         ((7, 12), 4, 2, 0, False, "blocked"),
+        ((6, 11), 3, 1, 1, False, "dense products"),
+        ((13,), 3, 2, 1, True, "blocked products"),
+        ((7, 12), 4, 2, 0, False, "blocked products"),
     ],
 )
 def test_any_parameters_match_an_independent_complex_computation(
@@ -219,11 +284,14 @@ def test_any_parameters_match_an_independent_complex_computation(
     """Every parameter random (far from the warm start): the output and the gradients of the
     input and of every parameter equal plain complex autograd through the definition (dense
     per-axis matrices built factor by factor), on every path: dense matrices, two-pass blocks
-    (every axis of 4 points or more), stage by stage."""
+    (every axis of 4 points or more), stage by stage; the matrices and blocks multiplied out
+    stage by stage (as on CPU) or as a product tree (as on a GPU)."""
     if path == "staged":
         monkeypatch.setattr(xd_module, "DENSE_MAX", 0)
-    if path == "blocked":
+    if path.startswith("blocked"):
         monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4)
+    if path.endswith("products"):
+        monkeypatch.setattr(xd_module, "_factor_blocks", xd_module._factor_blocks_by_products)
     xd = XDConv(3, 4, k, spatial, stride=s, padding=p, channels_last=channels_last, dtype=torch.float64)
     with torch.no_grad():
         for param in xd.parameters():

@@ -82,6 +82,15 @@ def _bit_reversed(n: int) -> tuple[int, ...]:
 _bit_reversal = functools.cache(_bit_reversed)
 
 
+def _reversal_index(n: int, device: torch.device) -> Tensor:
+    """The bit-reversal permutation as an index tensor on `device`. Indexing with a Python list
+    copies the list to the device at every call, which a CUDA graph cannot capture."""
+    return torch.tensor(_bit_reversal(n), dtype=torch.long, device=device)
+
+
+_reversal = functools.cache(_reversal_index)
+
+
 def dft_twiddles(n: int, inverse: bool = False, scale: float = 1.0) -> Tensor:
     """Complex128 twiddles (log2 n, n/2, 2, 2) that make `butterfly` the DFT of length n times `scale`.
 
@@ -113,7 +122,7 @@ def butterfly(x: Tensor, twiddles: Tensor) -> Tensor:
     block g at stage s (h = 2^s)."""
     n = x.shape[-1]
     lead = x.shape[:-1]
-    x = x[..., list(_bit_reversal(n))]
+    x = x.index_select(-1, _reversal(n, x.device))
     for s, blocks in enumerate(twiddles):
         h = 1 << s
         t = blocks.reshape(n // (2 * h), h, 2, 2).permute(0, 2, 3, 1)  # (group, row, column, j)
@@ -124,10 +133,20 @@ def butterfly(x: Tensor, twiddles: Tensor) -> Tensor:
 
 def _factor_blocks(twiddles: Tensor, n: int) -> Tensor:
     """The product of the butterfly factors in `twiddles` (..., stages, n/2, 2, 2), without the bit
-    reversal, as its n / 2^stages diagonal blocks (..., n / 2^stages, 2^stages, 2^stages): after
-    stage s the product is block-diagonal with blocks of 2h = 2^(s+1), block g being
-    [[D00 X, D01 Y], [D10 X, D11 Y]] for the previous blocks X, Y and the diagonal twiddle
-    matrices D; one broadcast product per stage."""
+    reversal, as its n / 2^stages diagonal blocks (..., n / 2^stages, 2^stages, 2^stages).
+
+    On CPU stage by stage (about 2 n^2 multiplies per stage); elsewhere as a tree of dense block
+    products (`_factor_blocks_by_products`): more arithmetic, but a GPU step of an XD-operation
+    this size is bound by kernel launches, and the tree takes a handful instead of ~16 a stage."""
+    if twiddles.device.type == "cpu":
+        return _factor_blocks_by_stages(twiddles, n)
+    return _factor_blocks_by_products(twiddles, n)
+
+
+def _factor_blocks_by_stages(twiddles: Tensor, n: int) -> Tensor:
+    """`_factor_blocks` stage by stage: after stage s the product is block-diagonal with blocks of
+    2h = 2^(s+1), block g being [[D00 X, D01 Y], [D10 X, D11 Y]] for the previous blocks X, Y and
+    the diagonal twiddle matrices D; one broadcast product per stage."""
     batch = twiddles.shape[:-4]
     blocks = torch.ones(*batch, n, 1, 1, dtype=twiddles.dtype, device=twiddles.device)
     for s in range(twiddles.shape[-4]):
@@ -139,11 +158,59 @@ def _factor_blocks(twiddles: Tensor, n: int) -> Tensor:
     return blocks
 
 
+def _factor_layout(n: int, stages: int) -> Tensor:
+    """Where each entry of the dense factors comes from, for `_factor_blocks_by_products`: an index
+    into [the stages' twiddles flattened (stages n/2 2 2), 0, 1] for every entry of the factors as
+    diagonal blocks (stages', n / 2^stages, 2^stages, 2^stages), stages' the next power of two
+    (the factors beyond `stages` are identities, so the tree pairs every factor at every level).
+
+    Factor s holds twiddle (g h + j, row, col) at row g 2h + row h + j, column g 2h + col h + j
+    (h = 2^s; `butterfly`'s pairing of j and j + h in block g)."""
+    size = 1 << stages
+    blocks = n // size
+    zero, one = 2 * n * stages, 2 * n * stages + 1
+    padded = 1 << (stages - 1).bit_length() if stages > 1 else 1
+    cpu = torch.device("cpu")  # made here once, then moved: not under another default device
+    index = torch.full((padded, blocks, size, size), zero, dtype=torch.long, device=cpu)
+    pair = torch.arange(n // 2, device=cpu)
+    for s in range(stages):
+        h = 1 << s
+        start = 2 * h * (pair // h) + pair % h
+        for row in range(2):
+            for col in range(2):
+                i, j = start + row * h, start + col * h
+                index[s, i // size, i % size, j % size] = 4 * (s * (n // 2) + pair) + 2 * row + col
+    diagonal = torch.arange(size, device=cpu)
+    index[stages:, :, diagonal, diagonal] = one
+    return index.reshape(-1)
+
+
+def _factor_index(n: int, stages: int, device: torch.device) -> Tensor:
+    return _factor_layout(n, stages).to(device)
+
+
+_factor_indices = functools.cache(_factor_index)
+
+
+def _factor_blocks_by_products(twiddles: Tensor, n: int) -> Tensor:
+    """`_factor_blocks` as a tree: every factor as dense diagonal blocks in one gather, then
+    neighbouring factors multiplied pairwise, log2(stages) batched products in all."""
+    batch, stages = twiddles.shape[:-4], twiddles.shape[-4]
+    size = 1 << stages
+    flat = twiddles.reshape(*batch, -1)
+    source = torch.cat([flat, flat.new_zeros(*batch, 1), flat.new_ones(*batch, 1)], -1)
+    factors = source.index_select(-1, _factor_indices(n, stages, twiddles.device))
+    factors = factors.reshape(*batch, -1, n // size, size, size)
+    while factors.shape[-4] > 1:  # later stages on the left: F_{s+1} F_s
+        factors = factors[..., 1::2, :, :, :] @ factors[..., 0::2, :, :, :]
+    return factors.squeeze(-4)
+
+
 def butterfly_matrix(twiddles: Tensor, n: int) -> Tensor:
     """The n x n complex matrices of `butterfly` for twiddles (..., log2 n, n/2, 2, 2), multiplied
-    out stage by stage (differentiable, ~2 n^2 multiplies in all)."""
+    out (differentiable; on CPU stage by stage, ~2 n^2 multiplies in all: `_factor_blocks`)."""
     blocks = _factor_blocks(twiddles, n)
-    return blocks.reshape(*blocks.shape[:-3], n, n)[..., list(_bit_reversal(n))]
+    return blocks.reshape(*blocks.shape[:-3], n, n).index_select(-1, _reversal(n, blocks.device))
 
 
 def butterfly_blocks(twiddles: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -164,13 +231,13 @@ def butterfly_blocks(twiddles: Tensor, n: int) -> tuple[Tensor, Tensor]:
     s1 = (stages + 1) // 2
     m, r = 1 << s1, n >> s1
     first = _factor_blocks(twiddles[..., :s1, :, :, :], n)  # (..., r, m, m): block q
-    first = first[..., list(_bit_reversal(r)), :, :][..., list(_bit_reversal(m))]
+    first = first.index_select(-3, _reversal(r, first.device)).index_select(-1, _reversal(m, first.device))
     later = twiddles[..., s1:, :, :, :]
     batch = later.shape[:-4]
     # stage s >= s1 (h = 2^s): block g h + j' with j' = (u mod h / m) m + j pairs entries of residue j
     per_residue = later.reshape(*batch, stages - s1, n // (2 * m), m, 2, 2).movedim(-3, -5)
     second = _factor_blocks(per_residue, r).squeeze(-3)  # (..., m, r, r): over q for each residue
-    return first, second[..., list(_bit_reversal(r))]
+    return first, second.index_select(-1, _reversal(r, second.device))
 
 
 class _Axis(NamedTuple):
