@@ -254,8 +254,15 @@ def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_second
     # short rows take more steps: their medians are the most exposed to a shared machine's noise
     repeats = max(repeats, min(MAX_REPEATS, math.ceil(min_seconds / (time.perf_counter() - start))))
     memory = {n: peak_bytes(lambda n=n, m=m: training_step(m, inputs[n])) for n, m in modules.items()}
-    median = median_steps(modules, inputs, repeats)
-    result = {
+    times: dict[str, list[float]] = {n: [] for n in modules}
+    order = list(modules)
+    for r in range(repeats):
+        for name in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            training_step(modules[name], inputs[name])
+            times[name].append(time.perf_counter() - start)
+    median = {n: statistics.median(t) for n, t in times.items()}
+    return {
         "conv_ms": 1e3 * median["conv"],
         "fft": median["fft"] / median["conv"],
         "xd": median["xd"] / median["conv"],
@@ -264,24 +271,6 @@ def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_second
         "memory_ratio": memory["xd"] / max(1, memory["fft"]),
         "repeats": repeats,
     }
-    if device.type == "cuda":  # the same steps replayed from CUDA graphs (step_mode: cuda_graphs)
-        graphed = {n: torch.cuda.make_graphed_callables(m, (inputs[n],)) for n, m in modules.items()}
-        median = median_steps(graphed, inputs, repeats)
-        result["graphed_xd_fft"] = median["xd"] / median["fft"]
-        result["graphed_conv_ms"] = 1e3 * median["conv"]
-    return result
-
-
-def median_steps(modules: dict[str, nn.Module], inputs: dict[str, Any], repeats: int) -> dict[str, float]:
-    """Median seconds of a training step of each module, alternating their order round by round."""
-    times: dict[str, list[float]] = {n: [] for n in modules}
-    order = list(modules)
-    for r in range(repeats):
-        for name in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            training_step(modules[name], inputs[name])
-            times[name].append(time.perf_counter() - start)
-    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def run_xd(batch: int, channels: int, repeats: int, min_seconds: float, where: str) -> bool:
@@ -303,28 +292,17 @@ def run_xd(batch: int, channels: int, repeats: int, min_seconds: float, where: s
         ok = m["xd_fft"] <= TIME_TARGET and m["memory_ratio"] <= MEMORY_TARGET
         met &= ok
         mib = m["memory"]
-        graphed = (
-            f"  graphs: conv {m['graphed_conv_ms']:.2f} ms, XD/FFT {m['graphed_xd_fft']:.2f}"
-            if "graphed_xd_fft" in m
-            else ""
-        )
         print(
             f"{case.name:<16} {m['conv_ms']:>8.2f} {m['fft']:>8.2f}x {m['xd']:>7.2f}x {m['xd_fft']:>7.2f} "
             f"{mib['conv']:>9.1f} {mib['fft']:>6.1f} {mib['xd']:>7.1f} {m['memory_ratio']:>10.2f} "
             f"{m['repeats']:>6}  "
-            f"{'met' if ok else 'NOT met'}{graphed}"
+            f"{'met' if ok else 'NOT met'}"
         )
     print(
         f"target: XD step <= {TIME_TARGET:g}x the FFT convolution's and peak memory <= {MEMORY_TARGET:g}x "
         f"its peak; memory: the peak of the bytes torch's allocator holds during one step, above what it "
         f"held before; {'met on every row' if met else 'NOT met on every row'}"
     )
-    if where != "CPU":
-        print(
-            "graphs: the same training steps, each module captured by torch.cuda.make_graphed_callables "
-            "(as the training evaluator's step_mode: cuda_graphs does) and replayed; the target is the "
-            "eager step's"
-        )
     return met
 
 

@@ -86,11 +86,12 @@ class Block(nn.Module):
 
 
 def test_locations_are_in_model_code_beside_torchs_folder(tmp_path, monkeypatch):
-    """A package whose folder starts with torch's folder's name (torchvision) is the user's
-    code: only torch's own folder is skipped."""
+    """A package whose folder starts with torch's folder's name (as torchvision's does) is the
+    user's code: only torch's own folder is skipped. The package has a name no installed one has
+    (a real torchvision, imported first, would hide one called so)."""
     torch_dir = tmp_path / "torch"  # a second torch folder, beside which the model's package lies
     monkeypatch.setattr(graph, "_TORCH_DIRS", (*graph._TORCH_DIRS, str(torch_dir) + "/"))
-    package = tmp_path / "torchvision"
+    package = tmp_path / "torchzoo_made_here"
     package.mkdir()
     (package / "blocks.py").write_text(
         "from torch import nn\n\n\nclass Act(nn.Module):\n"
@@ -98,7 +99,7 @@ def test_locations_are_in_model_code_beside_torchs_folder(tmp_path, monkeypatch)
         "    def forward(self, x):\n        return self.act(x)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    from torchvision.blocks import Act  # noqa: PLC0415 - the package made above
+    from torchzoo_made_here.blocks import Act  # noqa: PLC0415 - the package made above
 
     with pytest.raises(ModelImportError) as caught:
         import_model(Act(), input_state((8, 16)))

@@ -13,12 +13,14 @@ import torch.nn.functional as F
 import einspace.ops._xd_modules as xd_module
 from einspace import compile_network
 from einspace.errors import Infeasible
+from einspace.evaluators.base import Result, Task, run_task
 from einspace.ops import get_op
 from einspace.ops._xd_modules import XDConv, butterfly, butterfly_blocks, butterfly_matrix, dft_twiddles
 from einspace.ops.trainable import architecture_parameters
 from einspace.ops.xd import xd_flops, xd_parameter_count
 from einspace.seeds.architectures import act, computation, network, seq
 from einspace.state import COL, IM, FeatureState
+from einspace.tree import to_text
 
 #: The (k, s, p) grid of im2col in grammars/einspace.pcfg.
 GRID = [(1, 1, 0), (1, 2, 0), (3, 1, 1), (3, 2, 1), (4, 4, 0), (8, 8, 0), (16, 16, 0)]
@@ -116,30 +118,39 @@ def test_factors_are_multiplied_out_by_stages_on_cpu_only():
     assert calls == ["meta"]
 
 
+#: A network of XD-operations on the bundled digits (1 x 8 x 8), trained for one short epoch.
+XD_NETWORK = network(
+    seq(computation("xd", d=16, k=3, s=1, p=1), act(), computation("xd", d=16, k=3, s=2, p=1), act())
+)
+XD_TRAINING = {"epochs": 1, "batch_size": 48, "train_subset": 512, "threads": None}
+
+
+def _xd_training(settings: dict[str, Any]) -> Result:
+    task = Task(to_text(XD_NETWORK), "einspace_plus", (1, 8, 8), "training", {**XD_TRAINING, **settings})
+    return run_task(task)
+
+
+def test_a_network_of_xd_operations_goes_through_the_training_evaluator():
+    """The network the GPU test below captures, trained on CPU (where `cuda_graphs` runs eagerly)."""
+    result = _xd_training({"device": "cpu", "step_mode": "cuda_graphs"})
+    assert result.ok, result.error
+    assert result.metrics["step_mode_applied"] == 0.0
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("spatial", [(14, 6), (30,), (1000,)])
-def test_a_cuda_graph_replays_the_eager_step(spatial: tuple[int, ...]):
-    """Captured as the training evaluator's `step_mode: cuda_graphs` captures a network (no host
-    copies inside the step: the permutations are cached on the device), the graph computes the
-    eager output and gradients: dense 2-d and 1-d axes, and two-pass blocks (1000 -> 1024 points)."""
+def test_a_network_of_xd_operations_trains_from_cuda_graphs_like_the_eager_step():
+    """The training evaluator's `step_mode: cuda_graphs` captures a network of XD-operations (no
+    host copies inside the step: the permutations and the gather layout are cached on the device;
+    a Python list as an index was copied to the GPU at every call, which capture refuses) and
+    trains it as the eager step does."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    channels_last = len(spatial) == 1
-    xd = XDConv(4, 5, 3, spatial, padding=1, channels_last=channels_last, device="cuda", dtype=torch.float64)
-    with torch.no_grad():
-        for param in xd.parameters():
-            param.add_(0.1 * torch.randn_like(param))
-    shape = (8, *spatial, 4) if channels_last else (8, 4, *spatial)
-    x = torch.randn(shape, device="cuda", dtype=torch.float64, requires_grad=True)
-    upstream = torch.randn(8, *xd(x).shape[1:], device="cuda", dtype=torch.float64)
-    expected = xd(x)
-    expected_grads = torch.autograd.grad(expected, (x, *xd.parameters()), upstream)
-    graphed = torch.cuda.make_graphed_callables(xd, (x,))
-    out = graphed(x)
-    grads = torch.autograd.grad(out, (x, *xd.parameters()), upstream)
-    assert relative(out, expected) < 1e-12
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        assert relative(grad, expected_grad) < 1e-12
+    eager = _xd_training({"device": "cuda"})
+    graphs = _xd_training({"device": "cuda", "step_mode": "cuda_graphs"})
+    assert eager.ok and graphs.ok, (eager.error, graphs.error)
+    assert graphs.metrics["step_mode_applied"] == 1.0
+    assert graphs.metrics["train_loss"] == pytest.approx(eager.metrics["train_loss"], rel=0.05)
+    assert graphs.fitness == pytest.approx(eager.fitness, abs=0.05)
 
 
 def test_butterfly_rejects_sizes_that_are_not_powers_of_two():
