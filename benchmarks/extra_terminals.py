@@ -45,6 +45,7 @@ import compiled_vs_handwritten  # beside this script, on sys.path
 import torch
 from compiled_vs_handwritten import peak_bytes
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from einspace.ops import get_op, list_ops
 from einspace.ops.xd import fourier_sizes
@@ -221,16 +222,15 @@ MAX_REPEATS = 400
 TIME_TARGET, MEMORY_TARGET = 2.0, 3.0
 
 
-def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_seconds: float) -> dict[str, float]:
-    """Median step times (forward, loss, backward) of conv, FFT conv and XD, alternating, over at
-    least `repeats` rounds and enough of them to take about `min_seconds`, and the peak bytes
-    torch's allocator holds during one step of each (above what it held before)."""
-    torch.manual_seed(0)
-    device = compiled_vs_handwritten.DEVICE
+def xd_row(
+    case: XDCase, batch: int, channels: int, device: torch.device | str
+) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
+    """The convolution, the FFT convolution with its weights, and the XD-operation (built through
+    the registry) of one row, and each one's input: the same tensor (XD's 1-d form is col mode,
+    (tokens, features): its input is that tensor transposed, a view)."""
     k, p = 3, 1
     x = torch.randn(batch, channels, *case.spatial, device=device, requires_grad=True)
     if len(case.spatial) == 1:
-        # XD's 1-d form is col mode, (tokens, features): its input is the same tensor transposed (a view)
         state = FeatureState((case.spatial[0], channels), "col")
         plain: nn.Module = nn.Conv1d(channels, channels, k, stride=case.s, padding=p)
         inputs = {"conv": x, "fft": x, "xd": x.transpose(1, 2)}
@@ -241,7 +241,56 @@ def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_second
     xd = get_op("xd").build((state,), {"d": channels, "k": k, "s": case.s, "p": p})
     fft = FFTConv(channels, channels, k, case.spatial, case.s, p)
     fft.weight, fft.bias = plain.weight, plain.bias
-    modules = {"conv": plain.to(device), "fft": fft.to(device), "xd": xd.to(device)}
+    return {"conv": plain.to(device), "fft": fft.to(device), "xd": xd.to(device)}, inputs
+
+
+class Dispatched(TorchDispatchMode):
+    """Counts the tensor operations torch dispatches, and how many of them are views (no kernel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operations = self.views = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.operations += 1
+        self.views += func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def count_xd(channels: int) -> None:
+    """Tensor operations dispatched per training step of each XD row, without a GPU: on the meta
+    device (shapes only) every module takes the code path it takes on a GPU, and a small step on a
+    GPU is bound by launching them. The XD-operation on the CPU takes its CPU path."""
+    print(
+        "\nTensor operations dispatched per training step (forward, loss, backward), and in brackets "
+        "those that are not views (kernels); meta takes each module's GPU path"
+    )
+    columns = {"conv": "conv", "fft": "FFT conv", "xd": "XD, GPU path", "xd_cpu": "XD, CPU path"}
+    header = f"{'case':<16}" + "".join(f"{title:>14}" for title in columns.values()) + f"{'XD/FFT, GPU':>14}"
+    print(header)
+    print("-" * len(header))
+    for case in XD_CASES:
+        counts = {}
+        for device in ("meta", "cpu"):
+            modules, inputs = xd_row(case, 2, channels, device)
+            for name in ("conv", "fft", "xd") if device == "meta" else ("xd",):
+                training_step(modules[name], inputs[name])  # the first call fills caches
+                with Dispatched() as seen:
+                    training_step(modules[name], inputs[name])
+                key = name if device == "meta" else "xd_cpu"
+                counts[key] = (seen.operations, seen.operations - seen.views)
+        cells = [f"{counts[key][0]} ({counts[key][1]})" for key in columns]
+        ratio = f"{counts['xd'][0] / counts['fft'][0]:.2f} ({counts['xd'][1] / counts['fft'][1]:.2f})"
+        print(f"{case.name:<16}" + "".join(f"{cell:>14}" for cell in [*cells, ratio]))
+
+
+def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_seconds: float) -> dict[str, float]:
+    """Median step times (forward, loss, backward) of conv, FFT conv and XD, alternating, over at
+    least `repeats` rounds and enough of them to take about `min_seconds`, and the peak bytes
+    torch's allocator holds during one step of each (above what it held before)."""
+    torch.manual_seed(0)
+    modules, inputs = xd_row(case, batch, channels, compiled_vs_handwritten.DEVICE)
+    plain, fft, x = modules["conv"], modules["fft"], inputs["conv"]
     with torch.no_grad():
         ref = plain(x)
         error = ((fft(x) - ref).norm() / ref.norm()).item()
@@ -323,7 +372,15 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="3 repeats: a quicker, noisier run (the same rows and batch)"
     )
+    parser.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="only count the XD rows' tensor operations per step (no timing)",
+    )
     args = parser.parse_args()
+    if args.count_ops:
+        count_xd(args.channels)
+        return
     if args.quick:
         args.repeats = 3
     compiled_vs_handwritten.DEVICE = torch.device(args.device)

@@ -210,6 +210,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ),
     "XD ops": ("einspace/ops/xd.py", (), (*_FAST_XD, "tests/test_mutation_xd.py")),
     "XD modules": ("einspace/ops/_xd_modules.py", (), (*_FAST_XD, "tests/test_mutation_xd.py")),
+    "XD butterflies": ("einspace/ops/_xd_butterflies.py", (), (*_FAST_XD, "tests/test_mutation_xd.py")),
     "NOS ops": ("einspace/ops/nos.py", (), ("tests/test_nos.py", "tests/test_mutation_nos.py")),
     "NOS modules": ("einspace/ops/_nos_modules.py", (), ("tests/test_nos.py", "tests/test_mutation_nos.py")),
     "DNArch ops": ("einspace/ops/dnarch.py", (), ("tests/test_dnarch.py", "tests/test_mutation_dnarch.py")),

@@ -34,6 +34,7 @@ TORCH_SIDE = (
     "einspace.ops._nos_modules",
     "einspace.ops.trainable",
     "einspace.ops.verify",
+    "einspace.ops._xd_butterflies",
     "einspace.ops._xd_modules",
     "einspace.ops._zoo_modules",
     "einspace.evaluators",

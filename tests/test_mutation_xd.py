@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import einspace.ops._xd_butterflies as butterflies
 import einspace.ops._xd_modules as xd_module
 from einspace.errors import EinspaceError, Infeasible
 from einspace.ops import canonical_args, get_op
@@ -293,8 +294,8 @@ def test_bit_reversal_reverses_the_bits_of_each_index(n: int, bits: int) -> None
     """Against the bits reversed one by one; the uncached function itself, whose cached wrapper
     (`_bit_reversal`) may hold values from earlier calls."""
     expected = tuple(_reversed_bits(i, bits) for i in range(n))
-    assert xd_module._bit_reversed(n) == expected
-    assert xd_module._bit_reversal(n) == expected
+    assert butterflies._bit_reversed(n) == expected
+    assert butterflies._bit_reversal(n) == expected
     assert sorted(expected) == list(range(n))
 
 
@@ -303,7 +304,7 @@ def test_an_axis_is_residue_major_on_a_square_grid_of_blocks_only(n: int, square
     """Two passes of m x m and r x r blocks, m r = n: m = r = sqrt(n) exactly when log2 n is even;
     a dense axis (no blocks) keeps its frequencies in their own order."""
     twiddles = dft_twiddles(n)
-    blocks = xd_module.butterfly_blocks(twiddles, n)
+    blocks = butterflies.butterfly_blocks(twiddles, n)
     assert xd_module._Axis(n, twiddles, None, blocks).residue_major is square
     assert xd_module._Axis(n, twiddles, butterfly_matrix(twiddles, n), None).residue_major is False
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import einspace.ops._xd_butterflies as butterflies
 import einspace.ops._xd_modules as xd_module
 from einspace import compile_network
 from einspace.errors import Infeasible
@@ -38,6 +39,20 @@ def _seeded_single_thread():
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
+
+
+def take_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """Send an XD-operation on CPU down a path by the words in `path`: "staged" (no matrices),
+    "blocked" (two-pass blocks from 4 points), "products" (the factors multiplied out as a tree,
+    as off the CPU), "complex" (the GPU path: native complex arithmetic, with the tree)."""
+    if "staged" in path:
+        monkeypatch.setattr(xd_module, "DENSE_MAX", 0)
+    if "blocked" in path:
+        monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4)
+    if "products" in path or "complex" in path:
+        monkeypatch.setattr(butterflies, "_factor_blocks", butterflies._factor_blocks_by_products)
+    if "complex" in path:
+        monkeypatch.setattr(XDConv, "_xd", XDConv._xd_complex)
 
 
 # ----------------------------------------------------------------------------- butterflies
@@ -91,8 +106,8 @@ def test_product_tree_multiplies_out_the_same_blocks_as_the_stages(
     count that is not a power of two padded with identities) equals the CPU's stage-by-stage product
     for the first `stages` stages of any twiddles, in value and in gradient."""
     twiddles = torch.randn(*batch, stages, n // 2, 2, 2, dtype=torch.complex128, requires_grad=True)
-    by_stages = xd_module._factor_blocks_by_stages(twiddles, n)
-    by_products = xd_module._factor_blocks_by_products(twiddles, n)
+    by_stages = butterflies._factor_blocks_by_stages(twiddles, n)
+    by_products = butterflies._factor_blocks_by_products(twiddles, n)
     assert by_products.shape == by_stages.shape == (*batch, n >> stages, 1 << stages, 1 << stages)
     assert (by_products - by_stages).abs().max() < 1e-12
     if not stages:
@@ -103,18 +118,31 @@ def test_product_tree_multiplies_out_the_same_blocks_as_the_stages(
     assert (grad - expected).abs().max() < 1e-12
 
 
-def test_factors_are_multiplied_out_by_stages_on_cpu_only():
-    """The CPU takes the stage-by-stage product, other devices the tree (here: meta)."""
-    twiddles = torch.randn(3, 16, 2, 2, dtype=torch.complex128)
-    assert xd_module._factor_blocks(twiddles, 32).shape == (4, 8, 8)
+def test_the_operation_runs_in_complex_arithmetic_off_the_cpu_only(monkeypatch):
+    """The CPU takes the real-plane path, other devices the native complex one (here: meta)."""
     calls = []
-    original = xd_module._factor_blocks_by_products
-    try:
-        xd_module._factor_blocks_by_products = lambda t, n: calls.append(t.device.type) or original(t, n)
-        xd_module._factor_blocks(twiddles, 32)
-        xd_module._factor_blocks(twiddles.to("meta"), 32)
-    finally:
-        xd_module._factor_blocks_by_products = original
+    complex_path = XDConv._xd_complex
+    monkeypatch.setattr(
+        XDConv, "_xd_complex", lambda self, x: calls.append(x.device.type) or complex_path(self, x)
+    )
+    XDConv(2, 3, 3, (6, 5), padding=1)(torch.randn(2, 2, 6, 5))
+    y = XDConv(2, 3, 3, (6, 5), padding=1, device="meta")(torch.empty(2, 2, 6, 5, device="meta"))
+    assert calls == ["meta"] and y.shape == (2, 3, 6, 5)
+
+
+def test_factors_are_multiplied_out_by_stages_on_cpu_only(monkeypatch):
+    """The CPU takes the stage-by-stage product, other devices the tree (here: meta)."""
+    twiddles = torch.randn(3, 16, 2, 2, dtype=torch.complex128)  # 3 stages of a 32-point butterfly
+    calls = []
+    tree = butterflies._factor_blocks_by_products
+
+    def spy(t: torch.Tensor, n: int) -> torch.Tensor:
+        calls.append(t.device.type)
+        return tree(t, n)
+
+    monkeypatch.setattr(butterflies, "_factor_blocks_by_products", spy)
+    assert butterflies._factor_blocks(twiddles, 32).shape == (4, 8, 8)
+    assert butterflies._factor_blocks(twiddles.to("meta"), 32).shape == (4, 8, 8)
     assert calls == ["meta"]
 
 
@@ -287,6 +315,11 @@ def _reference_xd(xd: XDConv, x: torch.Tensor) -> torch.Tensor:
         ((6, 11), 3, 1, 1, False, "dense products"),
         ((13,), 3, 2, 1, True, "blocked products"),
         ((7, 12), 4, 2, 0, False, "blocked products"),
+        ((13,), 3, 2, 1, True, "complex"),
+        ((7, 12), 4, 2, 0, False, "complex"),
+        ((13,), 3, 1, 1, False, "complex blocked"),
+        ((6, 11), 3, 2, 1, False, "complex blocked"),
+        ((6, 11), 3, 2, 1, False, "complex staged"),
     ],
 )
 def test_any_parameters_match_an_independent_complex_computation(
@@ -296,13 +329,9 @@ def test_any_parameters_match_an_independent_complex_computation(
     input and of every parameter equal plain complex autograd through the definition (dense
     per-axis matrices built factor by factor), on every path: dense matrices, two-pass blocks
     (every axis of 4 points or more), stage by stage; the matrices and blocks multiplied out
-    stage by stage (as on CPU) or as a product tree (as on a GPU)."""
-    if path == "staged":
-        monkeypatch.setattr(xd_module, "DENSE_MAX", 0)
-    if path.startswith("blocked"):
-        monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4)
-    if path.endswith("products"):
-        monkeypatch.setattr(xd_module, "_factor_blocks", xd_module._factor_blocks_by_products)
+    stage by stage (as on CPU) or as a product tree (as on a GPU); in real planes (the CPU's
+    arithmetic) or native complex (the GPU's)."""
+    take_path(monkeypatch, path)
     xd = XDConv(3, 4, k, spatial, stride=s, padding=p, channels_last=channels_last, dtype=torch.float64)
     with torch.no_grad():
         for param in xd.parameters():
@@ -333,13 +362,16 @@ LONG = pytest.mark.slow  # the float64 reference multiplies out 1024- and 2048-p
         pytest.param((1024,), 2, False, marks=LONG),
     ],
 )
+@pytest.mark.parametrize("arithmetic", ["planes", "complex"])
 def test_float32_matches_the_reference_at_the_benchmark_sizes(
-    monkeypatch, spatial: tuple[int, ...], s: int, channels_last: bool
+    monkeypatch, spatial: tuple[int, ...], s: int, channels_last: bool, arithmetic: str
 ):
     """The benchmark's shapes in float32 (two-pass blocks on long axes: 1000 and 1024 points, or 200
     with blocks from 128; dense matrices in 2-d), parameters moved off the warm start: output and
-    gradients within 1e-5 of the definition computed in float64."""
+    gradients within 1e-5 of the definition computed in float64, in the CPU's real planes and in
+    the GPU's complex64."""
     monkeypatch.setattr(xd_module, "BLOCKED_MIN", 128)
+    take_path(monkeypatch, arithmetic)
     xd = XDConv(3, 4, 3, spatial, stride=s, padding=1, channels_last=channels_last)
     with torch.no_grad():
         for param in xd.parameters():
@@ -409,8 +441,8 @@ def test_parameter_count_by_hand():
     to 32); each butterfly has 5 stages of 16 complex 2x2 blocks."""
     xd = XDConv(3, 5, 3, (18, 20), padding=1)
     assert xd.fourier == (32, 32)
-    butterflies = 3 * 2 * (5 * 16 * 4 * 2)  # K, L, M; two axes; real numbers
-    by_hand = 5 * 3 * 9 + 5 + 2 * 5 * 3 + 2 * 32 * 32 + butterflies
+    twiddles = 3 * 2 * (5 * 16 * 4 * 2)  # K, L, M; two axes; real numbers
+    by_hand = 5 * 3 * 9 + 5 + 2 * 5 * 3 + 2 * 32 * 32 + twiddles
     assert sum(p.numel() for p in xd.parameters()) == by_hand == xd_parameter_count(3, 5, 3, (32, 32))
 
 

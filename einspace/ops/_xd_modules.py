@@ -1,4 +1,5 @@
-"""The torch side of the XD-operation (`einspace.ops.xd`): the butterflies and the module `XDConv`.
+"""The torch side of the XD-operation (`einspace.ops.xd`): the module `XDConv` (its butterflies are
+in `einspace.ops._xd_butterflies`).
 
 Layout of the parameters of an `XDConv` (all real tensors; complex ones have a trailing
 re/im axis of 2):
@@ -11,9 +12,7 @@ re/im axis of 2):
 
 So the count is c_out c_in k^N + c_out + 2 c_out c_in + 2 prod(n_a) + 3 sum_a 4 n_a log2(n_a).
 
-A butterfly here is one K-matrix factor chain: the fixed bit-reversal permutation followed by
-log2(n) butterfly factors, each n/2 independent complex 2x2 blocks (the radix-2
-decimation-in-time FFT when initialised to its twiddles). Small axes apply it as a dense matrix
+Small axes apply their butterfly as a dense matrix
 multiplied out once per forward pass (it does not depend on the batch, and a matrix product
 is much faster on CPU than log2(n) elementwise passes); axes from `BLOCKED_MIN` points as two
 passes of small dense blocks (`butterfly_blocks`: the same factors regrouped, n (m + r)
@@ -27,12 +26,13 @@ puts its result at the other, and (B, c_in, *input) reaches the frequency-major 
 the channel mix, and from there (B, c_out, *out), with no transposing copy on dense axes, in
 forward or backward (a two-pass axis copies its lines into the grid of the first pass on the M
 side and reorders the K side's result; on a square grid the frequencies in between stay in the
-order the passes leave them, `_Axis.residue_major`).
+order the passes leave them, `_Axis.residue_major`). That is the CPU's path. Off the CPU, where a
+step this small is bound by kernel launches, `XDConv._xd_complex` computes the same operation in
+native complex arithmetic (one kernel per complex product, where real planes take two to four).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -41,6 +41,12 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from einspace.ops._xd_butterflies import (
+    butterfly,
+    butterfly_blocks,
+    butterfly_matrix,
+    dft_twiddles,
+)
 from einspace.ops.trainable import mark_architecture
 from einspace.ops.xd import fourier_sizes
 
@@ -67,177 +73,6 @@ BLOCKED_MIN = 512
 #: MKL's GEMM (measured on an AMD EPYC, one thread) is several times slower at a long result of
 #: fewer columns than this (the K side of a strided XD: 7 columns) than at its transpose.
 NARROW = 16
-
-
-# ----------------------------------------------------------------------------- butterflies
-
-
-def _bit_reversed(n: int) -> tuple[int, ...]:
-    """The bit-reversal permutation of range(n), n a power of two (the order the FFT's stages leave)."""
-    bits = n.bit_length() - 1
-    return tuple(int(format(i, f"0{bits}b")[::-1], 2) for i in range(n))  # n = 1: format(0, "00b") = "0"
-
-
-# cached by wrapping, not by decorating: mutmut (scripts/mutation.py) skips decorated functions
-_bit_reversal = functools.cache(_bit_reversed)
-
-
-def _reversal_index(n: int, device: torch.device) -> Tensor:
-    """The bit-reversal permutation as an index tensor on `device`. Indexing with a Python list
-    copies the list to the device at every call, which a CUDA graph cannot capture."""
-    return torch.tensor(_bit_reversal(n), dtype=torch.long, device=device)
-
-
-_reversal = functools.cache(_reversal_index)
-
-
-def dft_twiddles(n: int, inverse: bool = False, scale: float = 1.0) -> Tensor:
-    """Complex128 twiddles (log2 n, n/2, 2, 2) that make `butterfly` the DFT of length n times `scale`.
-
-    Stage s pairs entries j and j + h (h = 2^s) of each block of 2h and maps (a, c) to
-    (a + w^j c, a - w^j c), w = exp(-+2 pi i / 2h) (+ for the inverse): the radix-2
-    decimation-in-time FFT. `scale` is spread evenly over the stages, so that a unitary scale
-    (n^-1/2) keeps every factor unitary too.
-    """
-    if n < 1 or n & (n - 1):
-        raise ValueError(f"a butterfly needs a power-of-two size, got {n}")
-    stages = n.bit_length() - 1
-    per_stage = scale ** (1 / stages) if stages else 1.0
-    sign = 1.0 if inverse else -1.0
-    out = torch.empty(stages, n // 2, 2, 2, dtype=torch.complex128)
-    for s in range(stages):
-        h = 1 << s
-        j = torch.arange(n // 2, dtype=torch.float64) % h
-        w = torch.polar(torch.ones_like(j), sign * math.pi * j / h)
-        out[s, :, 0, 0] = 1
-        out[s, :, 0, 1] = w
-        out[s, :, 1, 0] = 1
-        out[s, :, 1, 1] = -w
-    return out * per_stage
-
-
-def butterfly(x: Tensor, twiddles: Tensor) -> Tensor:
-    """B x along the last axis of complex `x` (size n): bit-reversal, then the log2(n) factors
-    whose 2x2 blocks are `twiddles` (log2 n, n/2, 2, 2), block g*h + j pairing j and j + h of
-    block g at stage s (h = 2^s)."""
-    n = x.shape[-1]
-    lead = x.shape[:-1]
-    x = x.index_select(-1, _reversal(n, x.device))
-    for s, blocks in enumerate(twiddles):
-        h = 1 << s
-        t = blocks.reshape(n // (2 * h), h, 2, 2).permute(0, 2, 3, 1)  # (group, row, column, j)
-        pairs = x.reshape(*lead, n // (2 * h), 1, 2, h)
-        x = (t[:, :, 0] * pairs[..., 0, :] + t[:, :, 1] * pairs[..., 1, :]).reshape(*lead, n)
-    return x
-
-
-def _factor_blocks(twiddles: Tensor, n: int) -> Tensor:
-    """The product of the butterfly factors in `twiddles` (..., stages, n/2, 2, 2), without the bit
-    reversal, as its n / 2^stages diagonal blocks (..., n / 2^stages, 2^stages, 2^stages).
-
-    On CPU stage by stage (about 2 n^2 multiplies per stage); elsewhere as a tree of dense block
-    products (`_factor_blocks_by_products`): more arithmetic, but a GPU step of an XD-operation
-    this size is bound by kernel launches, and the tree takes a handful instead of ~16 a stage."""
-    if twiddles.device.type == "cpu":
-        return _factor_blocks_by_stages(twiddles, n)
-    return _factor_blocks_by_products(twiddles, n)
-
-
-def _factor_blocks_by_stages(twiddles: Tensor, n: int) -> Tensor:
-    """`_factor_blocks` stage by stage: after stage s the product is block-diagonal with blocks of
-    2h = 2^(s+1), block g being [[D00 X, D01 Y], [D10 X, D11 Y]] for the previous blocks X, Y and
-    the diagonal twiddle matrices D; one broadcast product per stage."""
-    batch = twiddles.shape[:-4]
-    blocks = torch.ones(*batch, n, 1, 1, dtype=twiddles.dtype, device=twiddles.device)
-    for s in range(twiddles.shape[-4]):
-        h = 1 << s
-        groups = n // (2 * h)
-        t = twiddles[..., s, :, :, :].reshape(*batch, groups, h, 2, 2).movedim(-3, -1)  # (g, row, col, j)
-        pairs = blocks.reshape(*batch, groups, 1, 2, h, h)
-        blocks = (t.unsqueeze(-1) * pairs).transpose(-3, -2).reshape(*batch, groups, 2 * h, 2 * h)
-    return blocks
-
-
-def _factor_layout(n: int, stages: int) -> Tensor:
-    """Where each entry of the dense factors comes from, for `_factor_blocks_by_products`: an index
-    into [the stages' twiddles flattened (stages n/2 2 2), 0, 1] for every entry of the factors as
-    diagonal blocks (stages', n / 2^stages, 2^stages, 2^stages), stages' the next power of two
-    (the factors beyond `stages` are identities, so the tree pairs every factor at every level).
-
-    Factor s holds twiddle (g h + j, row, col) at row g 2h + row h + j, column g 2h + col h + j
-    (h = 2^s; `butterfly`'s pairing of j and j + h in block g)."""
-    size = 1 << stages
-    blocks = n // size
-    zero, one = 2 * n * stages, 2 * n * stages + 1
-    padded = 1 << (stages - 1).bit_length() if stages > 1 else 1
-    cpu = torch.device("cpu")  # made here once, then moved: not under another default device
-    index = torch.full((padded, blocks, size, size), zero, dtype=torch.long, device=cpu)
-    pair = torch.arange(n // 2, device=cpu)
-    for s in range(stages):
-        h = 1 << s
-        start = 2 * h * (pair // h) + pair % h
-        for row in range(2):
-            for col in range(2):
-                i, j = start + row * h, start + col * h
-                index[s, i // size, i % size, j % size] = 4 * (s * (n // 2) + pair) + 2 * row + col
-    diagonal = torch.arange(size, device=cpu)
-    index[stages:, :, diagonal, diagonal] = one
-    return index.reshape(-1)
-
-
-def _factor_index(n: int, stages: int, device: torch.device) -> Tensor:
-    return _factor_layout(n, stages).to(device)
-
-
-_factor_indices = functools.cache(_factor_index)
-
-
-def _factor_blocks_by_products(twiddles: Tensor, n: int) -> Tensor:
-    """`_factor_blocks` as a tree: every factor as dense diagonal blocks in one gather, then
-    neighbouring factors multiplied pairwise, log2(stages) batched products in all."""
-    batch, stages = twiddles.shape[:-4], twiddles.shape[-4]
-    size = 1 << stages
-    flat = twiddles.reshape(*batch, -1)
-    source = torch.cat([flat, flat.new_zeros(*batch, 1), flat.new_ones(*batch, 1)], -1)
-    factors = source.index_select(-1, _factor_indices(n, stages, twiddles.device))
-    factors = factors.reshape(*batch, -1, n // size, size, size)
-    while factors.shape[-4] > 1:  # later stages on the left: F_{s+1} F_s
-        factors = factors[..., 1::2, :, :, :] @ factors[..., 0::2, :, :, :]
-    return factors.squeeze(-4)
-
-
-def butterfly_matrix(twiddles: Tensor, n: int) -> Tensor:
-    """The n x n complex matrices of `butterfly` for twiddles (..., log2 n, n/2, 2, 2), multiplied
-    out (differentiable; on CPU stage by stage, ~2 n^2 multiplies in all: `_factor_blocks`)."""
-    blocks = _factor_blocks(twiddles, n)
-    return blocks.reshape(*blocks.shape[:-3], n, n).index_select(-1, _reversal(n, blocks.device))
-
-
-def butterfly_blocks(twiddles: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """The butterfly of `butterfly_matrix` as two passes of small dense blocks, exactly (the same
-    sums, regrouped): with m = 2^s1 (s1 = the first half of the log2 n stages), n / m = r,
-
-    - the bit reversal and the first s1 stages act within the r contiguous blocks of m entries
-      of the reversed input; block q reads input column rev_r(q) of the (m, r) view, rows in
-      reversed order: `first` (r, m, m), first[c] mapping x[:, c] of the (m, r) view to block
-      rev_r(c);
-    - the later stages pair entries h >= m apart, so they keep the residue j mod m: for each j an
-      r x r matrix over the blocks; `second` (m, r, r), second[j] mapping the first pass'
-      entries j, in the order c, to outputs q' m + j.
-
-    For twiddles (..., log2 n, n/2, 2, 2) the result has the same leading axes. A matrix-vector
-    product then costs n (m + r) multiply-adds instead of n^2."""
-    stages = n.bit_length() - 1
-    s1 = (stages + 1) // 2
-    m, r = 1 << s1, n >> s1
-    first = _factor_blocks(twiddles[..., :s1, :, :, :], n)  # (..., r, m, m): block q
-    first = first.index_select(-3, _reversal(r, first.device)).index_select(-1, _reversal(m, first.device))
-    later = twiddles[..., s1:, :, :, :]
-    batch = later.shape[:-4]
-    # stage s >= s1 (h = 2^s): block g h + j' with j' = (u mod h / m) m + j pairs entries of residue j
-    per_residue = later.reshape(*batch, stages - s1, n // (2 * m), m, 2, 2).movedim(-3, -5)
-    second = _factor_blocks(per_residue, r).squeeze(-3)  # (..., m, r, r): over q for each residue
-    return first, second.index_select(-1, _reversal(r, second.device))
 
 
 class _Axis(NamedTuple):
@@ -449,6 +284,21 @@ def _to_back(z: Planes, axis: _Axis, keep: slice, real: bool) -> Planes:
     return tuple(None if p is None else p.reshape(*rest, -1) for p in z)
 
 
+def _along(z: Tensor, axis: _Axis, keep: slice = slice(None)) -> Tensor:
+    """Rows `keep` of the butterfly along complex z's last axis (n entries), in native complex
+    arithmetic: the GPU path's one transform (a dense product, two block passes, or the stages)."""
+    if axis.matrix is not None:
+        return z @ axis.matrix[keep].T
+    if axis.blocks is None:
+        return butterfly(z, axis.twiddles)[..., keep]
+    first, second = axis.blocks  # first[c, j, a] and second[j, q, c]: `butterfly_blocks`
+    r, m = first.shape[-3], second.shape[-3]
+    lines = z.reshape(-1, m, r).permute(2, 1, 0)  # entry a r + c of line l at [c, a, l]
+    u = torch.bmm(first, lines)  # (c, j, L)
+    y = torch.bmm(second, u.transpose(0, 1))  # (j, q, L): output q m + j
+    return y.permute(2, 1, 0).reshape(*z.shape[:-1], axis.n)[..., keep]
+
+
 # ----------------------------------------------------------------------------- the module
 
 
@@ -605,10 +455,47 @@ class XDConv(nn.Module):
         # Complex products have no reduced-precision kernels: under autocast (mixed-precision
         # training on CUDA) the operation runs in its parameters' precision.
         kind = x.device.type
+        xd = self._xd if kind == "cpu" else self._xd_complex
         if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
             with torch.autocast(kind, enabled=False):
-                return self._xd(x.to(self.weight.dtype))
-        return self._xd(x.to(self.weight.dtype))
+                return xd(x.to(self.weight.dtype))
+        return xd(x.to(self.weight.dtype))
+
+    def _xd_complex(self, x: Tensor) -> Tensor:
+        """The operation in native complex arithmetic, for devices whose steps are bound by kernel
+        launches at these sizes (GPUs): a complex product is one kernel where `_xd`'s real planes
+        take two to four, and the copies that `_xd`'s layouts avoid cost a GPU little. Frequencies
+        stay in their own order, each transform applied along the last axis (`_along`)."""
+        dims = len(self.fourier)
+        k_axes, l_axes, m_axes = self._butterflies()
+        x = x.movedim(-1, 1) if self.channels_last else x
+        pads = [
+            e
+            for size, n in zip(self.input_size[::-1], self.fourier[::-1], strict=True)
+            for e in (self.padding, n - size - self.padding)
+        ]
+        z = nn.functional.pad(x, pads).to(torch.promote_types(x.dtype, torch.complex64))
+        for a, axis in enumerate(m_axes):
+            z = _along(z.movedim(2 + a, -1), axis).movedim(-1, 2 + a)
+        # the diagonal C (L w + b), (prod n, c_in, c_out), L one axis at a time on the k taps
+        eye = torch.eye(self.kernel_size, max(self.fourier), dtype=z.dtype, device=z.device)
+        taps = self.weight.to(z.dtype)  # (c_out, c_in, k, ...)
+        for a, axis in enumerate(l_axes):
+            columns = _along(eye[:, : axis.n], axis)  # (k, n_a): L's first k columns, transposed
+            taps = (taps.movedim(2 + a, -1) @ columns).movedim(-1, 2 + a)
+        gates = torch.view_as_complex(self.C)
+        diagonal = gates[(..., *[None] * dims)] * (taps + torch.view_as_complex(self.b))
+        # the channels mix at each frequency: (prod n, B, c_in) @ (prod n, c_in, c_out)
+        batch = x.shape[0]
+        mixed = z.flatten(2).permute(2, 0, 1) @ diagonal.flatten(2).permute(2, 1, 0)
+        z = mixed.permute(1, 2, 0).reshape(batch, self.out_channels, *self.fourier)
+        for a, (axis, out) in enumerate(zip(k_axes, self.out_size, strict=True)):
+            rows = slice(0, (out - 1) * self.stride + 1, self.stride)
+            z = _along(z.movedim(2 + a, -1), axis, rows).movedim(-1, 2 + a)
+        y = z.real
+        if self.bias is not None:
+            y = y + self.bias.reshape(-1, *[1] * dims)
+        return y.movedim(1, -1) if self.channels_last else y
 
     def _xd(self, x: Tensor) -> Tensor:
         spatial = len(self.fourier)
