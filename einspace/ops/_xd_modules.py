@@ -284,19 +284,39 @@ def _to_back(z: Planes, axis: _Axis, keep: slice, real: bool) -> Planes:
     return tuple(None if p is None else p.reshape(*rest, -1) for p in z)
 
 
-def _along(z: Tensor, axis: _Axis, keep: slice = slice(None)) -> Tensor:
-    """Rows `keep` of the butterfly along complex z's last axis (n entries), in native complex
-    arithmetic: the GPU path's one transform (a dense product, two block passes, or the stages)."""
+def _front(z: Tensor, axis: _Axis, place: int) -> Tensor:
+    """The butterfly along complex z's last axis, zero-extended to n with its entries from `place`,
+    its result put first: (..., length) -> (n, ...), the GPU path's `_to_front`. A dense axis is one
+    product reading z's lines transposed; a two-pass axis reads only the rows of the (m, r) grid
+    that hold entries."""
+    length, rest = z.shape[-1], z.shape[:-1]
     if axis.matrix is not None:
-        return z @ axis.matrix[keep].T
+        return (axis.matrix[:, place : place + length] @ z.reshape(-1, length).T).reshape(axis.n, *rest)
     if axis.blocks is None:
-        return butterfly(z, axis.twiddles)[..., keep]
+        padded = nn.functional.pad(z, (place, axis.n - length - place))
+        return butterfly(padded, axis.twiddles).movedim(-1, 0)
     first, second = axis.blocks  # first[c, j, a] and second[j, q, c]: `butterfly_blocks`
+    r = first.shape[-3]
+    a0, a1 = place // r, -(-(place + length) // r)
+    lines = nn.functional.pad(z, (place - a0 * r, a1 * r - place - length))  # rows a0..a1 of the grid
+    u = torch.bmm(first[:, :, a0:a1], lines.reshape(-1, a1 - a0, r).permute(2, 1, 0))  # (c, j, L)
+    y = torch.bmm(second, u.transpose(0, 1))  # (j, q, L): frequency q m + j
+    return y.transpose(0, 1).reshape(axis.n, *rest)
+
+
+def _back(z: Tensor, axis: _Axis, keep: slice) -> Tensor:
+    """Rows `keep` (from 0) of the butterfly along complex z's first axis, put last: (n, ...) ->
+    (..., rows), the GPU path's `_to_back`; a two-pass axis computes only the block rows it keeps."""
+    if axis.matrix is not None:
+        return (z.reshape(axis.n, -1).T @ axis.matrix[keep].T).reshape(*z.shape[1:], -1)
+    if axis.blocks is None:
+        return butterfly(z.movedim(0, -1), axis.twiddles)[..., keep]
+    first, second = axis.blocks
     r, m = first.shape[-3], second.shape[-3]
-    lines = z.reshape(-1, m, r).permute(2, 1, 0)  # entry a r + c of line l at [c, a, l]
-    u = torch.bmm(first, lines)  # (c, j, L)
-    y = torch.bmm(second, u.transpose(0, 1))  # (j, q, L): output q m + j
-    return y.permute(2, 1, 0).reshape(*z.shape[:-1], axis.n)[..., keep]
+    q1 = -(-(axis.n if keep.stop is None else keep.stop) // m)
+    u = torch.bmm(first, z.reshape(m, r, -1).transpose(0, 1))  # entry a r + c at [c, a]: (c, j, L)
+    y = torch.bmm(second[:, :q1], u.transpose(0, 1))  # (j, q, L): output q m + j
+    return y.permute(2, 1, 0).reshape(*z.shape[1:], q1 * m)[..., keep]
 
 
 # ----------------------------------------------------------------------------- the module
@@ -464,34 +484,27 @@ class XDConv(nn.Module):
     def _xd_complex(self, x: Tensor) -> Tensor:
         """The operation in native complex arithmetic, for devices whose steps are bound by kernel
         launches at these sizes (GPUs): a complex product is one kernel where `_xd`'s real planes
-        take two to four, and the copies that `_xd`'s layouts avoid cost a GPU little. Frequencies
-        stay in their own order, each transform applied along the last axis (`_along`)."""
+        take two to four. As there, each transform consumes the last axis and puts its result
+        first (`_front`, `_back`), so that the channel mix and the output need no transposing copy."""
         dims = len(self.fourier)
         k_axes, l_axes, m_axes = self._butterflies()
         x = x.movedim(-1, 1) if self.channels_last else x
-        pads = [
-            e
-            for size, n in zip(self.input_size[::-1], self.fourier[::-1], strict=True)
-            for e in (self.padding, n - size - self.padding)
-        ]
-        z = nn.functional.pad(x, pads).to(torch.promote_types(x.dtype, torch.complex64))
-        for a, axis in enumerate(m_axes):
-            z = _along(z.movedim(2 + a, -1), axis).movedim(-1, 2 + a)
-        # the diagonal C (L w + b), (prod n, c_in, c_out), L one axis at a time on the k taps
-        eye = torch.eye(self.kernel_size, max(self.fourier), dtype=z.dtype, device=z.device)
-        taps = self.weight.to(z.dtype)  # (c_out, c_in, k, ...)
-        for a, axis in enumerate(l_axes):
-            columns = _along(eye[:, : axis.n], axis)  # (k, n_a): L's first k columns, transposed
-            taps = (taps.movedim(2 + a, -1) @ columns).movedim(-1, 2 + a)
-        gates = torch.view_as_complex(self.C)
-        diagonal = gates[(..., *[None] * dims)] * (taps + torch.view_as_complex(self.b))
+        z = x.to(torch.promote_types(x.dtype, torch.complex64))  # (B, c_in, *input)
+        for axis in reversed(m_axes):
+            z = _front(z, axis, self.padding)  # ends as (*n, B, c_in)
+        # the diagonal C (L w + b) at every frequency, L one axis at a time on the k taps
+        taps = self.weight.to(z.dtype)  # (c_out, c_in, *k)
+        for axis in reversed(l_axes):
+            taps = _front(taps, axis, 0)  # ends as (*n, c_out, c_in)
+        bias = torch.view_as_complex(self.b)[..., None, None]
+        diagonal = torch.view_as_complex(self.C) * (taps + bias)
         # the channels mix at each frequency: (prod n, B, c_in) @ (prod n, c_in, c_out)
-        batch = x.shape[0]
-        mixed = z.flatten(2).permute(2, 0, 1) @ diagonal.flatten(2).permute(2, 1, 0)
-        z = mixed.permute(1, 2, 0).reshape(batch, self.out_channels, *self.fourier)
-        for a, (axis, out) in enumerate(zip(k_axes, self.out_size, strict=True)):
-            rows = slice(0, (out - 1) * self.stride + 1, self.stride)
-            z = _along(z.movedim(2 + a, -1), axis, rows).movedim(-1, 2 + a)
+        frequencies, batch = math.prod(self.fourier), x.shape[0]
+        z = z.reshape(frequencies, batch, self.in_channels)
+        z = torch.bmm(z, diagonal.reshape(frequencies, self.out_channels, self.in_channels).mT)
+        z = z.reshape(*self.fourier, batch, self.out_channels)
+        for axis, out in zip(k_axes, self.out_size, strict=True):
+            z = _back(z, axis, slice(0, (out - 1) * self.stride + 1, self.stride))  # ends (B, c_out, *out)
         y = z.real
         if self.bias is not None:
             y = y + self.bias.reshape(-1, *[1] * dims)
