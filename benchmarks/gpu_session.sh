@@ -44,9 +44,9 @@ for phase in $phases; do
   env)  # the card, the driver, torch and ray
     run env 60 bash -c "nvidia-smi; $PY -c 'import torch, ray; print(torch.__version__, torch.version.cuda, ray.__version__, torch.cuda.get_device_name())'"
     ;;
-  gputests)  # the GPU tests, and the training and worker tests with CUDA present
+  gputests)  # the GPU tests, and the training, worker and XD tests with CUDA present
     run gputests 90 "$PY" -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_training.py \
-      tests/test_workers.py
+      tests/test_workers.py tests/test_xd.py
     ;;
   tests)  # the whole default suite with CUDA present (device: auto picks the GPU), in parallel; -v names
     # each failure in the log as it happens, so a run cut by the time limit still says which failed

@@ -12,9 +12,9 @@ re/im axis of 2):
 
 So the count is c_out c_in k^N + c_out + 2 c_out c_in + 2 prod(n_a) + 3 sum_a 4 n_a log2(n_a).
 
-Small axes apply their butterfly as a dense matrix
-multiplied out once per forward pass (it does not depend on the batch, and a matrix product
-is much faster on CPU than log2(n) elementwise passes); axes from `BLOCKED_MIN` points as two
+Small axes apply their butterfly as a dense matrix multiplied out once per forward pass (it does
+not depend on the batch, and a matrix product is much faster on CPU than log2(n) elementwise
+passes); axes from `BLOCKED_MIN` points as two
 passes of small dense blocks (`butterfly_blocks`: the same factors regrouped, n (m + r)
 multiply-adds per line, m r = n); axes beyond `DENSE_MAX` apply the factors one at a time, in
 O(n log n).
