@@ -303,14 +303,7 @@ def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_second
     # short rows take more steps: their medians are the most exposed to a shared machine's noise
     repeats = max(repeats, min(MAX_REPEATS, math.ceil(min_seconds / (time.perf_counter() - start))))
     memory = {n: peak_bytes(lambda n=n, m=m: training_step(m, inputs[n])) for n, m in modules.items()}
-    times: dict[str, list[float]] = {n: [] for n in modules}
-    order = list(modules)
-    for r in range(repeats):
-        for name in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            training_step(modules[name], inputs[name])
-            times[name].append(time.perf_counter() - start)
-    median = {n: statistics.median(t) for n, t in times.items()}
+    median = median_steps(modules, inputs, repeats)
     return {
         "conv_ms": 1e3 * median["conv"],
         "fft": median["fft"] / median["conv"],
@@ -320,6 +313,37 @@ def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_second
         "memory_ratio": memory["xd"] / max(1, memory["fft"]),
         "repeats": repeats,
     }
+
+
+def median_steps(modules: dict[str, Any], inputs: dict[str, torch.Tensor], repeats: int) -> dict[str, float]:
+    """Median seconds of a training step of each module, their order alternating round by round."""
+    times: dict[str, list[float]] = {n: [] for n in modules}
+    order = list(modules)
+    for r in range(repeats):
+        for name in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            training_step(modules[name], inputs[name])
+            times[name].append(time.perf_counter() - start)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def run_graphed_xd(batch: int, channels: int, repeats: int) -> None:
+    """On CUDA, after the table: XD / FFT convolution with each module's step captured by
+    torch.cuda.make_graphed_callables (as `step_mode: cuda_graphs` captures a network) and replayed.
+    A failed capture is reported and ends the pass (it can leave the device unable to capture)."""
+    print("\nThe same training steps replayed from CUDA graphs: XD / FFT convolution (median steps)")
+    for case in XD_CASES:
+        torch.manual_seed(0)
+        modules, inputs = xd_row(case, batch, channels, "cuda")
+        try:
+            for name, module in modules.items():
+                training_step(module, inputs[name])  # eager first: caches and cuDNN's choices
+            graphed = {n: torch.cuda.make_graphed_callables(m, (inputs[n],)) for n, m in modules.items()}
+        except RuntimeError as exc:  # torch's CUDA errors, capture refusals included
+            print(f"{case.name:<16} capture failed: {str(exc).splitlines()[0]}")
+            return
+        median = median_steps(graphed, inputs, repeats)
+        print(f"{case.name:<16} {median['xd'] / median['fft']:>6.2f}  (conv {1e3 * median['conv']:.2f} ms)")
 
 
 def run_xd(batch: int, channels: int, repeats: int, min_seconds: float, where: str) -> bool:
@@ -415,8 +439,12 @@ def main() -> None:
         )
     if rows:
         print("time, memory: the terminal's step over its baseline's; ms and params: the terminal's own")
-    if chosen("XD", "xd") and not run_xd(args.batch, args.channels, args.repeats, args.min_seconds, where):
-        sys.exit(1)
+    if chosen("XD", "xd"):
+        met = run_xd(args.batch, args.channels, args.repeats, args.min_seconds, where)
+        if args.device == "cuda":
+            run_graphed_xd(args.batch, args.channels, args.repeats)
+        if not met:
+            sys.exit(1)
 
 
 if __name__ == "__main__":
