@@ -28,6 +28,15 @@ holds during one step, above what it held before (the same helper as that benchm
 allocator's peak; TF32 is off, so every row computes in float32 as on the CPU). `--quick`: 3
 repeats (the same rows and batch: at a smaller batch the FFT convolution's transformed weights
 dominate its peak, and the memory target would be judged on another workload).
+
+On CUDA the XD table is followed by the same steps with every module captured as CUDA graphs and
+replayed (XD / FFT convolution; as `step_mode: cuda_graphs` captures a network); a failed capture
+is reported and ends that pass.
+
+`--count-ops` only counts, for the XD rows, the tensor operations one training step dispatches
+(and how many of them are not views), on the meta device: every module there takes the code path
+it takes on a GPU, where a step this small is bound by launching them (the XD-operation's GPU
+path: native complex arithmetic, `einspace.ops._xd_modules`). No GPU or timing needed.
 """
 
 from __future__ import annotations
