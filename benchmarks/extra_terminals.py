@@ -1,7 +1,7 @@
 """The extra terminals (NOS, XD, DNArch) against the operation each replaces: time and memory.
 
     python benchmarks/extra_terminals.py [--batch 32] [--channels 32] [--size 32] [--repeats 10]
-        [--min-seconds 2] [--quick]
+        [--min-seconds 2] [--quick] [--device cuda] [--only XD] [--count-ops]
 
 For every row one training step — forward, a mean-square loss, backward — of the terminal's
 module, built through the operation registry exactly as a compiled tree builds it, is measured
