@@ -364,6 +364,21 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         for n in numbers
     },
     **{
+        ("einspace/ops/_xd_butterflies.py", f"einspace.ops._xd_butterflies.{name}"): why
+        for names, why in (
+            (
+                tuple(f"x_butterfly_blocks__mutmut_{n}" for n in (6, 7, 8)),
+                "another split of the stages between the two passes: the same factors regrouped",
+            ),
+            (
+                ("x_dft_twiddles__mutmut_19", "x_dft_twiddles__mutmut_51"),
+                "per_stage 2.0 at n = 1 scales an empty tensor; arange(n / 2) = arange(n // 2) for even n, "
+                "and n = 1 runs no stage",
+            ),
+        )
+        for name in names
+    },
+    **{
         ("einspace/ops/_xd_modules.py", f"einspace.ops._xd_modules.{name}"): why
         for names, why in (
             (
@@ -418,15 +433,6 @@ EQUIVALENT: dict[tuple[str, str], str] = {
                 "missing output gradients as zeros instead of None: the same sums plus zero terms",
             ),
             (
-                tuple(f"x_butterfly_blocks__mutmut_{n}" for n in (6, 7, 8)),
-                "another split of the stages between the two passes: the same factors regrouped",
-            ),
-            (
-                ("x_dft_twiddles__mutmut_19", "x_dft_twiddles__mutmut_51"),
-                "per_stage 2.0 at n = 1 scales an empty tensor; arange(n / 2) = arange(n // 2) for even n, "
-                "and n = 1 runs no stage",
-            ),
-            (
                 ("xǁXDConvǁ__init____mutmut_127", "xǁXDConvǁ__init____mutmut_128"),
                 "reset_parameters run on the meta device too: writing and drawing meta tensors does nothing",
             ),
@@ -441,11 +447,6 @@ EQUIVALENT: dict[tuple[str, str], str] = {
             (
                 ("xǁ_ComplexProductǁ_backward__mutmut_4",),
                 "strided output gradients not made contiguous: the GEMMs read any strides, only slower",
-            ),
-            (
-                tuple(f"xǁXDConvǁforward__mutmut_{n}" for n in (1, 4, 5, 6, 7, 12, 13)),
-                "autocast left on: no op of _xd is eligible (in-place GEMMs, elementwise; torch's autocast "
-                "docs), the same bits on CPU",
             ),
             (
                 ("xǁXDConvǁ_xd__mutmut_55",),

@@ -164,9 +164,8 @@ def _factor_blocks_by_products(twiddles: Tensor, n: int) -> Tensor:
     factors = source.reshape(-1).index_select(0, _factor_indices(n, stages, len(flat), twiddles.device))
     factors = factors.reshape(-1, size, size)  # (stages', rows) blocks, stages' outermost
     blocks = len(flat) * (n // size)
-    while len(factors) > blocks:
-        half = len(factors) // 2
-        factors = torch.bmm(factors[:half], factors[half:])
+    while len(factors) > blocks:  # split, not sliced: its backward is one concatenation
+        factors = torch.bmm(*factors.split(len(factors) // 2))
     return factors.reshape(*batch, n // size, size, size)
 
 
