@@ -44,7 +44,7 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def take_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """Send an XD-operation on CPU down a path by the words in `path`: "staged" (no matrices),
     "blocked" (two-pass blocks from 4 points), "products" (the factors multiplied out as a tree,
-    as off the CPU), "complex" (the GPU path: native complex arithmetic, with the tree)."""
+    as on CUDA), "complex" (the GPU path: native complex arithmetic, with the tree)."""
     if "staged" in path:
         monkeypatch.setattr(xd_module, "DENSE_MAX", 0)
     if "blocked" in path:
@@ -118,8 +118,10 @@ def test_product_tree_multiplies_out_the_same_blocks_as_the_stages(
     assert (grad - expected).abs().max() < 1e-12
 
 
-def test_the_operation_runs_in_complex_arithmetic_off_the_cpu_only(monkeypatch):
-    """The CPU takes the real-plane path, other devices the native complex one (here: meta)."""
+def test_the_operation_runs_in_complex_arithmetic_on_launch_bound_devices_only(monkeypatch):
+    """The CPU takes the real-plane path, CUDA the native complex one (here meta, which stands in for
+    it; a GPU-free test cannot make CUDA tensors)."""
+    assert xd_module.LAUNCH_BOUND == ("cuda", "meta")
     calls = []
     complex_path = XDConv._xd_complex
     monkeypatch.setattr(
@@ -130,8 +132,8 @@ def test_the_operation_runs_in_complex_arithmetic_off_the_cpu_only(monkeypatch):
     assert calls == ["meta"] and y.shape == (2, 3, 6, 5)
 
 
-def test_factors_are_multiplied_out_by_stages_on_cpu_only(monkeypatch):
-    """The CPU takes the stage-by-stage product, other devices the tree (here: meta)."""
+def test_factors_are_multiplied_out_as_a_tree_on_launch_bound_devices_only(monkeypatch):
+    """The CPU takes the stage-by-stage product, CUDA the tree (here meta, standing in for it)."""
     twiddles = torch.randn(3, 16, 2, 2, dtype=torch.complex128)  # 3 stages of a 32-point butterfly
     calls = []
     tree = butterflies._factor_blocks_by_products

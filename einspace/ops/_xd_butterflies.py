@@ -4,7 +4,7 @@ A butterfly here is one K-matrix factor chain: the fixed bit-reversal permutatio
 log2(n) butterfly factors, each n/2 independent complex 2x2 blocks (the radix-2
 decimation-in-time FFT when initialised to its twiddles, `dft_twiddles`). `butterfly` applies it
 stage by stage; `butterfly_matrix` multiplies it out as a dense matrix, `butterfly_blocks` as
-two passes of small dense blocks (the same factors regrouped). Off the CPU the factors are
+two passes of small dense blocks (the same factors regrouped). On GPUs the factors are
 multiplied out as a product tree (`_factor_blocks`), in a handful of kernel launches.
 """
 
@@ -16,7 +16,13 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["butterfly", "butterfly_blocks", "butterfly_matrix", "dft_twiddles"]
+__all__ = ["LAUNCH_BOUND", "butterfly", "butterfly_blocks", "butterfly_matrix", "dft_twiddles"]
+
+#: Devices whose XD steps are bound by kernel launches, and which run complex arithmetic well: they
+#: take the paths with fewer, larger kernels (the product tree here, `XDConv._xd_complex`). Meta
+#: (shapes only) takes them too, standing in for CUDA where operations are counted. Other devices
+#: (the CPU; MPS and XPU, whose complex support varies) take the real-arithmetic paths.
+LAUNCH_BOUND = ("cuda", "meta")
 
 
 def _bit_reversed(n: int) -> tuple[int, ...]:
@@ -82,12 +88,13 @@ def _factor_blocks(twiddles: Tensor, n: int) -> Tensor:
     """The product of the butterfly factors in `twiddles` (..., stages, n/2, 2, 2), without the bit
     reversal, as its n / 2^stages diagonal blocks (..., n / 2^stages, 2^stages, 2^stages).
 
-    On CPU stage by stage (about 2 n^2 multiplies per stage); elsewhere as a tree of dense block
-    products (`_factor_blocks_by_products`): more arithmetic, but a GPU step of an XD-operation
-    this size is bound by kernel launches, and the tree takes a handful instead of ~16 a stage."""
-    if twiddles.device.type == "cpu":
-        return _factor_blocks_by_stages(twiddles, n)
-    return _factor_blocks_by_products(twiddles, n)
+    Stage by stage (about 2 n^2 multiplies per stage), or on `LAUNCH_BOUND` devices as a tree of
+    dense block products (`_factor_blocks_by_products`): more arithmetic, but a GPU step of an
+    XD-operation this size is bound by kernel launches, and the tree takes a handful instead of ~16
+    a stage."""
+    if twiddles.device.type in LAUNCH_BOUND:
+        return _factor_blocks_by_products(twiddles, n)
+    return _factor_blocks_by_stages(twiddles, n)
 
 
 def _factor_blocks_by_stages(twiddles: Tensor, n: int) -> Tensor:

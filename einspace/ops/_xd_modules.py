@@ -26,7 +26,7 @@ puts its result at the other, and (B, c_in, *input) reaches the frequency-major 
 the channel mix, and from there (B, c_out, *out), with no transposing copy on dense axes, in
 forward or backward (a two-pass axis copies its lines into the grid of the first pass on the M
 side and reorders the K side's result; on a square grid the frequencies in between stay in the
-order the passes leave them, `_Axis.residue_major`). That is the CPU's path. Off the CPU, where a
+order the passes leave them, `_Axis.residue_major`). That is the CPU's path. On CUDA, where a
 step this small is bound by kernel launches, `XDConv._xd_complex` computes the same operation in
 native complex arithmetic (one kernel per complex product, where real planes take two to four).
 """
@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from einspace.ops._xd_butterflies import (
+    LAUNCH_BOUND,
     butterfly,
     butterfly_blocks,
     butterfly_matrix,
@@ -475,7 +476,7 @@ class XDConv(nn.Module):
         # Complex products have no reduced-precision kernels: under autocast (mixed-precision
         # training on CUDA) the operation runs in its parameters' precision.
         kind = x.device.type
-        xd = self._xd if kind == "cpu" else self._xd_complex
+        xd = self._xd_complex if kind in LAUNCH_BOUND else self._xd
         if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
             with torch.autocast(kind, enabled=False):
                 return xd(x.to(self.weight.dtype))
