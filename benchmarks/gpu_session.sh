@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Issue 11's GPU measurements, prepared as one script for a session with a GPU. Run from the project
-# root on the GPU machine:
+# The GPU measurements of issues 11, 22 and 27, prepared as one script for a session with a GPU. Run
+# from the project root on the GPU machine:
 #
 #   BUDGET=560 bash benchmarks/gpu_session.sh [PHASE ...]   # default: every phase, in priority order
 #
-# Phases: env gputests xd xdsteps search tests steps pool compiled profile graphs mps context, in the order
-# of what the last GPU session (2026-11-27, an H100) left unmeasured. Each phase has its own time
-# limit, cut to what is left of BUDGET seconds (default 560), so the script ends inside one command
-# of the device tool; a phase with under 20 s left is skipped. Everything goes to one log,
+# Phases: env gputests xd xdsteps tests pool compiled profile graphs mps context steps search, in the
+# order of what the last GPU session (stop 38, an H100) left unmeasured: XD's GPU path (xd, xdsteps)
+# was built after it, the suite (tests) ran out of time at 99%, and steps and search (issue 22's Ray
+# run) were measured there. Each phase has its own time limit, cut to what is left of BUDGET seconds
+# (default 560), so the script ends inside one command of the device tool; a phase with under 20 s
+# left is skipped. Everything goes to one log,
 # $OUT/session.log (the device tool's output folder; ./gpu_session_out elsewhere), and the pool runs
 # also to $OUT/<phase>.json: at most eight files come back from the device.
 # On an offline machine whose Python has torch: put the wheels from ../shared/tools/gpu/prepare-wheels.sh
@@ -19,7 +21,7 @@ mkdir -p "$OUT"
 LOG="$OUT/session.log"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-phases=${*:-env gputests xd xdsteps search tests steps pool compiled profile graphs mps context}
+phases=${*:-env gputests xd xdsteps tests pool compiled profile graphs mps context steps search}
 
 if ! "$PY" -c "import einspace.search, ray, lark" 2>/dev/null; then
   bash .whl/install.sh 2>&1 | tee -a "$LOG"
@@ -50,7 +52,7 @@ for phase in $phases; do
     ;;
   tests)  # the whole default suite with CUDA present (device: auto picks the GPU), in parallel; -v names
     # each failure in the log as it happens, so a run cut by the time limit still says which failed
-    run tests 240 "$PY" -m pytest -v -p no:cacheprovider -n 12 --maxfail 10 tests
+    run tests 240 "$PY" -m pytest -v -p no:cacheprovider -n 15 --maxfail 10 tests
     ;;
   search)  # issue 22: the search benchmark unchanged through Ray, four evaluations sharing the GPU
     run search 150 "$PY" benchmarks/search_efficiency.py --quick --tasks digits --methods RE RE+SH \
