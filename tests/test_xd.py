@@ -414,6 +414,28 @@ def test_gradcheck_in_float64(monkeypatch, spatial: tuple[int, ...], path: str):
     assert torch.autograd.gradcheck(call, (x, *params), eps=1e-6, atol=1e-6, fast_mode=True)
 
 
+@pytest.mark.parametrize("spatial, channels_last", [((6, 11), False), ((13,), True)])
+def test_the_two_arithmetics_agree_without_a_bias(monkeypatch, spatial: tuple[int, ...], channels_last: bool):
+    """Without a bias (what `from_conv` makes of a bias-free convolution) the GPU path's complex
+    arithmetic gives the CPU path's output and gradients."""
+    xd = XDConv(
+        3, 4, 3, spatial, stride=2, padding=1, bias=False, channels_last=channels_last, dtype=torch.float64
+    )
+    with torch.no_grad():
+        for param in xd.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    shape = (2, *spatial, 3) if channels_last else (2, 3, *spatial)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    planes = xd(x)
+    planes_grads = torch.autograd.grad(planes.square().sum(), (x, *xd.parameters()))
+    take_path(monkeypatch, "complex")
+    out = xd(x)
+    grads = torch.autograd.grad(out.square().sum(), (x, *xd.parameters()))
+    assert xd.bias is None and relative(out, planes) < 1e-12
+    for grad, expected in zip(grads, planes_grads, strict=True):
+        assert relative(grad, expected) < 1e-12
+
+
 def test_runs_in_full_precision_under_autocast():
     """Mixed-precision training autocasts the layers around it; the XD-operation itself stays
     in its parameters' precision (complex products have no reduced-precision kernels)."""
