@@ -4,7 +4,7 @@
 #
 #   BUDGET=560 bash benchmarks/gpu_session.sh [PHASE ...]   # default: every phase, in priority order
 #
-# Phases: env gputests xd xdsteps tests pool compiled profile graphs mps context steps search, in the
+# Phases: env gputests xd xdsteps xdcapture tests pool compiled profile graphs mps context steps search, in the
 # order of what the last GPU session (stop 38, an H100) left unmeasured: XD's GPU path (xd, xdsteps)
 # was built after it, the suite (tests) ran out of time at 99%, and steps and search (issue 22's Ray
 # run) were measured there. Each phase has its own time limit, cut to what is left of BUDGET seconds
@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 LOG="$OUT/session.log"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-phases=${*:-env gputests xd xdsteps tests pool compiled profile graphs mps context steps search}
+phases=${*:-env gputests xd xdsteps xdcapture tests pool compiled profile graphs mps context steps search}
 
 if ! "$PY" -c "import einspace.search, ray, lark" 2>/dev/null; then
   bash .whl/install.sh 2>&1 | tee -a "$LOG"
@@ -121,6 +121,29 @@ with tempfile.TemporaryDirectory() as tmp:
         per_step = 1000 * m["time/steps"] / (3 * 20 - 1)
         print(f"{mode:<12}{m.get('step_mode_applied', 0):>8.0f}{per_step:>10.3f}{m['valid_accuracy']:>9.3f}")
 EOF
+    ;;
+  xdcapture)  # issue 27: which lone-XDConv captures fail (stop 38 saw the backward capture fail outside
+    # autocast, while a whole XD network under autocast captured): each case in its own process, since a
+    # failed capture leaves the process unable to capture again
+    for case in "plain no-grad" "plain grad" "autocast no-grad" "autocast grad"; do
+      run "xdcapture $case" 30 "$PY" - "$case" <<'EOF'
+import sys
+import torch
+from einspace.ops._xd_modules import XDConv
+
+mode, grad = sys.argv[1].split()
+xd = XDConv(16, 16, 3, (32, 32), padding=1, device="cuda")
+x = torch.randn(8, 16, 32, 32, device="cuda", requires_grad=grad == "grad")
+try:
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast", cache_enabled=False):
+        graphed = torch.cuda.make_graphed_callables(xd, (x,))
+    graphed(x).float().square().mean().backward()
+    torch.cuda.synchronize()
+    print(f"{sys.argv[1]}: captured and replayed")
+except RuntimeError as exc:
+    print(f"{sys.argv[1]}: FAILED: {str(exc).splitlines()[0]}")
+EOF
+    done
     ;;
   steps)  # one small network, one process: time per step under each step mode (host round trips)
     run steps 100 "$PY" - <<'EOF'
