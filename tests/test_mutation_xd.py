@@ -241,11 +241,15 @@ def test_dense_path_with_an_axis_of_one_point() -> None:
     torch.testing.assert_close(xd(x), F.conv2d(x, weight, bias))
 
 
+@pytest.mark.parametrize("arithmetic", ["complex", "planes"])
 @pytest.mark.parametrize("path", ["dense", "blocked", "staged"])
-def test_every_path_keeps_to_the_parameters_device(monkeypatch, path: str) -> None:
-    """On the meta device (shapes only) every intermediate must be made there too."""
+def test_every_path_keeps_to_the_parameters_device(monkeypatch, path: str, arithmetic: str) -> None:
+    """On the meta device (shapes only) every intermediate must be made there too: meta takes the
+    GPU's complex path; the CPU's real planes are sent there by hand."""
     monkeypatch.setattr(xd_module, "BLOCKED_MIN", 4 if path == "blocked" else 512)
     monkeypatch.setattr(xd_module, "DENSE_MAX", 0 if path == "staged" else 2048)
+    if arithmetic == "planes":
+        monkeypatch.setattr(XDConv, "_xd_complex", XDConv._xd)
     xd = XDConv(2, 3, 3, (14, 6), padding=1, device="meta")  # 16 x 8: a square two-pass grid
     y = xd(torch.empty(2, 2, 14, 6, device="meta"))
     assert y.is_meta and y.shape == (2, 3, 14, 6)
