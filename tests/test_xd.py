@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import einspace.ops._xd_butterflies as butterflies
 import einspace.ops._xd_modules as xd_module
@@ -146,6 +147,40 @@ def test_factors_are_multiplied_out_as_a_tree_on_launch_bound_devices_only(monke
     assert butterflies._factor_blocks(twiddles, 32).shape == (4, 8, 8)
     assert butterflies._factor_blocks(twiddles.to("meta"), 32).shape == (4, 8, 8)
     assert calls == ["meta"]
+
+
+class _HostData(TorchFunctionMode):
+    """Records what makes tensors from host data inside a step: torch.tensor and the like, and
+    indexing with a Python list (copied to the device at every call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", str(func))
+        if name in ("tensor", "as_tensor", "from_numpy"):
+            self.seen.append(name)
+        if name == "__getitem__":
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            self.seen += ["list index" for i in index if isinstance(i, list | tuple)]
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "path", ["dense", "blocked", "staged", "complex", "complex blocked", "complex staged"]
+)
+def test_no_step_after_the_first_makes_tensors_from_host_data(monkeypatch, path: str):
+    """What CUDA-graph capture needs (a host-to-device copy inside a captured step is refused):
+    after the first call has cached the permutations and layouts on the device, a forward and
+    backward pass makes no tensor from host data, on every path."""
+    take_path(monkeypatch, path)
+    xd = XDConv(2, 3, 3, (14, 6), padding=1)  # 16 x 8: a square two-pass grid when blocked
+    x = torch.randn(2, 2, 14, 6, requires_grad=True)
+    xd(x).sum().backward()
+    with _HostData() as host:
+        xd(x).sum().backward()
+    assert host.seen == []
 
 
 #: A network of XD-operations on the bundled digits (1 x 8 x 8), trained for one short epoch.
