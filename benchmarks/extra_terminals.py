@@ -133,6 +133,19 @@ def training_step(module: nn.Module, inputs: Any) -> None:
         torch.cuda.synchronize()
 
 
+def step_times(modules: dict[str, Any], inputs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
+    """Seconds of `repeats` training steps of each module, their order alternating round by round
+    (a drift in the machine's speed then weighs on all alike)."""
+    times: dict[str, list[float]] = {n: [] for n in modules}
+    order = list(modules)
+    for r in range(repeats):
+        for name in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            training_step(modules[name], inputs[name])
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 def measure(row: Row, state: FeatureState, batch: int, repeats: int) -> dict[str, float]:
     torch.manual_seed(0)
     device = compiled_vs_handwritten.DEVICE
@@ -145,12 +158,7 @@ def measure(row: Row, state: FeatureState, batch: int, repeats: int) -> dict[str
     for name, module in modules.items():
         training_step(module, inputs[name])
     memory = {n: peak_bytes(lambda n=n, m=m: training_step(m, inputs[n])) for n, m in modules.items()}
-    times: dict[str, list[float]] = {n: [] for n in modules}
-    for r in range(repeats):
-        for name in ("terminal", "baseline") if r % 2 == 0 else ("baseline", "terminal"):
-            start = time.perf_counter()
-            training_step(modules[name], inputs[name])
-            times[name].append(time.perf_counter() - start)
+    times = step_times(modules, inputs, repeats)
     count = {n: sum(p.numel() for p in m.parameters()) for n, m in modules.items()}
     return {
         "time": min(times["terminal"]) / min(times["baseline"]),
@@ -324,16 +332,9 @@ def measure_xd(case: XDCase, batch: int, channels: int, repeats: int, min_second
     }
 
 
-def median_steps(modules: dict[str, Any], inputs: dict[str, torch.Tensor], repeats: int) -> dict[str, float]:
-    """Median seconds of a training step of each module, their order alternating round by round."""
-    times: dict[str, list[float]] = {n: [] for n in modules}
-    order = list(modules)
-    for r in range(repeats):
-        for name in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            training_step(modules[name], inputs[name])
-            times[name].append(time.perf_counter() - start)
-    return {n: statistics.median(t) for n, t in times.items()}
+def median_steps(modules: dict[str, Any], inputs: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median seconds of a training step of each module (`step_times`)."""
+    return {n: statistics.median(t) for n, t in step_times(modules, inputs, repeats).items()}
 
 
 def run_graphed_xd(batch: int, channels: int, repeats: int) -> None:
