@@ -98,29 +98,8 @@ EOF
     fi
     ;;
   xdsteps)  # issue 27: a network of XD-operations trained eagerly and from CUDA graphs (cached permutations)
-    run xdsteps 90 "$PY" - <<'EOF'
-import pathlib, sys, tempfile
-sys.path.insert(0, "benchmarks")
-from gpu_pool import synthetic_images
-from einspace.evaluators.base import Task, run_task
-from einspace.seeds.architectures import act, computation, network, seq
-from einspace.tree import to_text
-
-xd = lambda s: computation("xd", d=16, k=3, s=s, p=1)  # noqa: E731
-tree = to_text(network(seq(xd(1), act(), xd(2), act(), xd(2), act())))
-with tempfile.TemporaryDirectory() as tmp:
-    data = str(synthetic_images(pathlib.Path(tmp), train=2560))
-    base = {"dataset": data, "epochs": 3, "batch_size": 128, "device": "cuda"}
-    print(f"{'step_mode':<12}{'applied':>8}{'steps ms':>10}{'accuracy':>9}")
-    for mode in ["eager", "cuda_graphs", "eager"]:
-        r = run_task(Task(tree, "einspace_plus", (3, 32, 32), "training", {**base, "step_mode": mode}))
-        if not r.ok:
-            print(f"{mode:<12} failed: {r.error}")
-            continue
-        m = r.metrics
-        per_step = 1000 * m["time/steps"] / (3 * 20 - 1)
-        print(f"{mode:<12}{m.get('step_mode_applied', 0):>8.0f}{per_step:>10.3f}{m['valid_accuracy']:>9.3f}")
-EOF
+    run xdsteps 90 "$PY" benchmarks/step_modes.py --network xd --batch 128 --train 2560 \
+      --modes eager cuda_graphs eager
     ;;
   xdcapture)  # issue 27: which lone-XDConv captures fail (stop 38 saw the backward capture fail outside
     # autocast, while a whole XD network under autocast captured): each case in its own process, since a
@@ -146,30 +125,7 @@ EOF
     done
     ;;
   steps)  # one small network, one process: time per step under each step mode (host round trips)
-    run steps 100 "$PY" - <<'EOF'
-import tempfile, pathlib, sys
-sys.path.insert(0, "benchmarks")
-from gpu_pool import synthetic_images
-from einspace.evaluators.base import Task, run_task
-from einspace.seeds import load_seed
-from einspace.state import input_state
-from einspace.tree import to_text
-
-tree = to_text(load_seed("resnet_small", "einspace", input_state((3, 32, 32))))
-with tempfile.TemporaryDirectory() as tmp:
-    data = str(synthetic_images(pathlib.Path(tmp)))
-    base = {"dataset": data, "epochs": 3, "batch_size": 256, "device": "cuda"}
-    print(f"{'step_mode':<22}{'applied':>8}{'steps ms':>10}{'1st step s':>11}{'capture s':>10}{'accuracy':>9}")
-    for mode in ["eager", "cuda_graphs", "compile", "compile_cuda_graphs", "eager"]:
-        r = run_task(Task(tree, "einspace", (3, 32, 32), "training", {**base, "step_mode": mode}))
-        m = r.metrics
-        if not r.ok:
-            print(f"{mode:<22} failed: {r.error}")
-            continue
-        per_step = 1000 * m["time/steps"] / (3 * 40 - 1)
-        print(f"{mode:<22}{m.get('step_mode_applied', 0):>8.0f}{per_step:>10.3f}{m['time/first_step']:>11.2f}"
-              f"{m['time/capture']:>10.2f}{m['valid_accuracy']:>9.3f}")
-EOF
+    run steps 100 "$PY" benchmarks/step_modes.py --network resnet_small
     ;;
   profile)  # where the lowered seeds' extra step time goes on the GPU: kernels of one step, each model
     run profile 90 "$PY" - <<'EOF'
