@@ -757,9 +757,7 @@ def _inheritance_lines(rows: list[dict[str, Any]], searches: list[str]) -> list[
     children at the first fidelity they train at, against the same method without inheritance)."""
     lines = []
     for m in (m for m in searches if METHODS[m].inherit):
-        without = next(
-            (o for o in searches if METHODS[o] == replace(METHODS[m], inherit=False)), None
-        )
+        without = next((o for o in searches if METHODS[o] == replace(METHODS[m], inherit=False)), None)
         mine = [r["children"] for r in rows if r["method"] == m and r.get("children") is not None]
         theirs = [r["children"] for r in rows if r["method"] == without and r.get("children") is not None]
         if without is None or not mine or not theirs:
@@ -926,6 +924,7 @@ def main() -> None:
     optimiser = tuple((k, v) for k, v in (("optimizer", args.optimizer), ("lr", args.lr)) if v is not None)
     tasks = [TASKS[name] for name in args.tasks]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+
     def budget_of(t: Task) -> float:
         return args.budget or (t.quick_budget if args.quick else t.budget)
 
