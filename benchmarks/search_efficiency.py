@@ -274,7 +274,7 @@ class Job:
     executor: str = "in_process"
     in_flight: int = 1
     num_gpus: float = 0.0
-    optimiser: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr: over the recipe's
+    overrides: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr, --head-pooling: over the recipe's
     source_budget: float = 0.0  # transfer: the compute of the earlier search on TRANSFER_SOURCE
 
 
@@ -282,16 +282,16 @@ def _dataset(task: Task, data_dir: Path) -> str:
     return task.name if task.make is None else str(data_dir / f"{task.name}.npz")
 
 
-def evaluator_settings(task: Task, data_dir: Path, optimiser: tuple = ()) -> dict[str, Any]:
+def evaluator_settings(task: Task, data_dir: Path, overrides: tuple = ()) -> dict[str, Any]:
     """The quick start's evaluator settings with the task's data, EPOCHS and time limit (and the
-    optimiser settings given on the command line)."""
+    settings given on the command line: optimiser, head pooling)."""
     settings = quickstart()["evaluator"]["settings"]
     return {
         **settings,
         "dataset": _dataset(task, data_dir),
         "epochs": EPOCHS,
         "max_seconds": task.max_seconds,
-        **dict(optimiser),
+        **dict(overrides),
     }
 
 
@@ -323,7 +323,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
         "evaluator": {
             "name": raw["evaluator"]["name"],
             "settings": {
-                **evaluator_settings(task, data_dir, job.optimiser),
+                **evaluator_settings(task, data_dir, job.overrides),
                 **({"inherit_weights": True} if method.inherit else {}),
             },
         },
@@ -484,7 +484,7 @@ def _retrained(job: Job, tree: str) -> float:
     from einspace.evaluators.base import EvaluationFailed
 
     task = TASKS[job.task]
-    settings = evaluator_settings(task, Path(job.data_dir), job.optimiser)
+    settings = evaluator_settings(task, Path(job.data_dir), job.overrides)
     try:
         return test_accuracy(tree, settings["dataset"], task.grammar, retraining(settings), job.seed)
     except EvaluationFailed:
@@ -559,7 +559,7 @@ def run_baseline(job: Job) -> dict[str, Any]:
     from einspace.evaluators.training import TrainingSettings
 
     started, cpu = time.perf_counter(), time.process_time()
-    s = TrainingSettings(**evaluator_settings(TASKS[job.task], Path(job.data_dir), job.optimiser))
+    s = TrainingSettings(**evaluator_settings(TASKS[job.task], Path(job.data_dir), job.overrides))
     data = load_dataset(s.dataset)
     (tx, ty), valid, test = (data.split(name) for name in ("train", "valid", "test"))
     best = _fit(job.method, data, (tx, ty), valid, s, job.seed)
@@ -858,7 +858,7 @@ def _progress(r: dict[str, Any]) -> str:
 
 
 def recipe(
-    tasks: list[Task], budgets: dict[str, float], executor: dict[str, Any], optimiser: tuple = ()
+    tasks: list[Task], budgets: dict[str, float], executor: dict[str, Any], overrides: tuple = ()
 ) -> str:
     """What every search and baseline shares, and what changes per task."""
     from einspace.evaluators.training import TrainingSettings
@@ -870,7 +870,7 @@ def recipe(
         "dataset": "*",
         "epochs": EPOCHS,
         "max_seconds": "*",
-        **dict(optimiser),
+        **dict(overrides),
     }
     keys = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "schedule")
     optimiser = {k: settings.get(k, getattr(defaults, k)) for k in keys}
@@ -915,13 +915,20 @@ def main() -> None:
     parser.add_argument("--optimizer", help="instead of the recipe's (sgd): searches, baselines, retraining")
     parser.add_argument("--lr", type=float, help="instead of the recipe's learning rate (0.04)")
     parser.add_argument(
+        "--head-pooling",
+        choices=("mean", "max"),
+        help="the searched networks' head pooling instead of the recipe's (the paper's mean); "
+        "the baselines keep their own heads",
+    )
+    parser.add_argument(
         "--source-budget",
         type=float,
         default=None,
         help=f"transfer methods: seconds of each earlier {TRANSFER_SOURCE} search (default: its budget)",
     )
     args = parser.parse_args()
-    optimiser = tuple((k, v) for k, v in (("optimizer", args.optimizer), ("lr", args.lr)) if v is not None)
+    given = (("optimizer", args.optimizer), ("lr", args.lr), ("head_pooling", args.head_pooling))
+    overrides = tuple((k, v) for k, v in given if v is not None)
     tasks = [TASKS[name] for name in args.tasks]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
 
@@ -936,10 +943,10 @@ def main() -> None:
         executor["num_gpus"] = args.num_gpus
     data_dir = args.out.resolve() / "data"
     print(f"search efficiency: tasks {args.tasks}, methods {args.methods}, seeds {seeds}")
-    print(recipe(tasks, budgets, executor, optimiser))
+    print(recipe(tasks, budgets, executor, overrides))
     summaries = prepare(tasks, data_dir)
     jobs = [
-        (run_baseline, Job(t.name, b, s, budgets[t.name], str(data_dir), optimiser=optimiser))
+        (run_baseline, Job(t.name, b, s, budgets[t.name], str(data_dir), overrides=overrides))
         for t in tasks
         for b in BASELINES
         for s in seeds
@@ -955,7 +962,7 @@ def main() -> None:
                 args.executor,
                 in_flight,
                 args.num_gpus,
-                optimiser,
+                overrides,
                 args.source_budget or budget_of(TASKS[TRANSFER_SOURCE]),
             ),
         )

@@ -333,7 +333,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     checked = check_tree(tree, grammar, state)
     name = args.name or class_name(Path(args.tree).stem)
     torch.manual_seed(args.random_seed)
-    network = compile_network(checked, classes=args.classes)
+    network = compile_network(checked, classes=args.classes, pooling=args.head_pooling)
     if args.load:
         load_weights(network, args.load)
     exported = export_tree(checked, name=name, network=network)
@@ -474,6 +474,13 @@ def _export_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument("tree", help="a tree file or a bundled seed name such as 'resnet18'")
     _add_input(export)
     export.add_argument("--classes", type=_positive, required=True, help="classes of the head")
+    export.add_argument(
+        "--head-pooling",
+        default="mean",
+        metavar="POOLING",
+        help="mean (the paper's, the default) or max: how the head pools positions, as the training "
+        "setting head_pooling",
+    )
     export.add_argument("--out", required=True, metavar="FILE.py", help="the Python file to write")
     export.add_argument("--grammar", default="einspace", help="grammar to check the tree against")
     export.add_argument("--name", help="the class name (default: from the tree file or seed name)")

@@ -19,7 +19,7 @@ from torch import nn
 from einspace.checker import CheckedTree
 from einspace.evaluators.base import EvaluationFailed
 from einspace.evaluators.datasets import Dataset
-from einspace.network.compiler import Network, compile_backbone, compile_network
+from einspace.network.compiler import Network, check_head_pooling, compile_backbone, compile_network
 from einspace.state import FeatureState
 
 __all__ = ["Classification", "DenseHead", "DenseRegression", "Objective", "objective_for", "relative_l2"]
@@ -28,18 +28,21 @@ __all__ = ["Classification", "DenseHead", "DenseRegression", "Objective", "objec
 class DenseHead(nn.Module):
     """The paper's dense head (App. B.1): adaptive average pooling of the last two axes to the
     target's height and width (col features (S, D) first get a channel axis of size one),
-    then a linear layer over the channels to the target's channels."""
+    then a linear layer over the channels to the target's channels. With `pooling` "max", the
+    pooling is adaptive max pooling (as the classification head's)."""
 
-    def __init__(self, features: FeatureState, target_shape: tuple[int, int, int]):
+    def __init__(self, features: FeatureState, target_shape: tuple[int, int, int], pooling: str = "mean"):
         super().__init__()
+        check_head_pooling(pooling)
         channels = features.shape[0] if len(features.shape) == 3 else 1
         self.size = tuple(target_shape[1:])
+        self.pool = F.adaptive_avg_pool2d if pooling == "mean" else F.adaptive_max_pool2d
         self.linear = nn.Linear(channels, target_shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 3:  # col mode: (B, S, D) -> (B, 1, S, D)
             x = x[:, None]
-        x = F.adaptive_avg_pool2d(x, self.size)
+        x = self.pool(x, self.size)
         return rearrange(self.linear(rearrange(x, "b c h w -> b h w c")), "b h w c -> b c h w")
 
 
@@ -80,11 +83,11 @@ class Classification(Objective):
 
     metric = "accuracy"
 
-    def __init__(self, classes: int, label_smoothing: float = 0.0):
-        self.classes, self.label_smoothing = classes, label_smoothing
+    def __init__(self, classes: int, label_smoothing: float = 0.0, pooling: str = "mean"):
+        self.classes, self.label_smoothing, self.pooling = classes, label_smoothing, pooling
 
     def build(self, checked: CheckedTree, lower: bool) -> nn.Module:
-        return compile_network(checked, classes=self.classes, lower=lower)
+        return compile_network(checked, classes=self.classes, lower=lower, pooling=self.pooling)
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, target, label_smoothing=self.label_smoothing)
@@ -102,12 +105,12 @@ class DenseRegression(Objective):
 
     metric = "relative_l2"
 
-    def __init__(self, target_shape: tuple[int, int, int]):
-        self.target_shape = target_shape
+    def __init__(self, target_shape: tuple[int, int, int], pooling: str = "mean"):
+        self.target_shape, self.pooling = target_shape, pooling
 
     def build(self, checked: CheckedTree, lower: bool) -> nn.Module:
         backbone = compile_backbone(checked, lower=lower)
-        return Network(backbone, DenseHead(checked.output[0], self.target_shape))
+        return Network(backbone, DenseHead(checked.output[0], self.target_shape, self.pooling))
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(output, target)
@@ -122,11 +125,12 @@ class DenseRegression(Objective):
 def objective_for(dataset: Dataset, metric: str | None, settings: Any = None) -> Objective:
     """The objective a dataset implies; `metric`, when given, must agree with it."""
     smoothing = float(getattr(settings, "label_smoothing", 0.0))
+    pooling = getattr(settings, "head_pooling", "mean")
     objective: Objective
     if dataset.task == "classification":
-        objective = Classification(dataset.classes, smoothing)
+        objective = Classification(dataset.classes, smoothing, pooling)
     else:
-        objective = DenseRegression(dataset.target_shape)  # type: ignore[arg-type]
+        objective = DenseRegression(dataset.target_shape, pooling)  # type: ignore[arg-type]
     if metric is not None and metric != objective.metric:
         raise EvaluationFailed(
             f"metric {metric!r} does not fit dataset {dataset.name!r}, a {dataset.task} task "

@@ -58,7 +58,7 @@ from einspace.evaluators.optim import OPTIMIZERS, Optimizers, build_optimizer, c
 from einspace.evaluators.time_budget import Laps, Progress, Projection, forecast_run
 from einspace.evaluators.time_model import Forecast
 from einspace.grammar.model import Grammar
-from einspace.network.compiler import lower_network
+from einspace.network.compiler import HEAD_POOLINGS, lower_network
 from einspace.network.memory import require_memory
 from einspace.ops.trainable import architecture_metrics, constrain_architecture
 from einspace.state import FeatureState
@@ -83,6 +83,7 @@ class TrainingSettings:
     milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training
     gamma: float = 0.1  # step schedule: factor at each milestone
     label_smoothing: float = 0.0
+    head_pooling: str = "mean"  # mean (the paper's head) | max: how the head pools positions
     param_groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # see evaluators.optim
     auxiliary_losses: dict[str, Any] = field(default_factory=dict)  # see evaluators.auxiliary
     metric: str | None = None  # accuracy | relative_l2; None: what the dataset's targets imply
@@ -139,6 +140,10 @@ class TrainingSettings:
         )
         require(all(0 < m < 1 for m in self.milestones), "setting milestones must be fractions in (0, 1)")
         require(self.label_smoothing < 1, "setting label_smoothing must be below 1")
+        require(
+            self.head_pooling in HEAD_POOLINGS,
+            f"setting head_pooling must be one of {', '.join(HEAD_POOLINGS)}, got {self.head_pooling!r}",
+        )
         require(
             self.channels_last in ("auto", True, False), "setting channels_last must be auto, true or false"
         )

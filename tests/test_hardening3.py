@@ -237,6 +237,7 @@ BAD_TRAINING_SETTINGS: list[tuple[dict, str]] = [
     ({"param_groups": {"weights": {"learning_rate": 0.1}}}, "unknown option(s) learning_rate"),
     ({"lrr": 0.1}, "unknown setting 'lrr' for evaluator 'training'; did you mean 'lr'"),
     ({"lr": -1}, "setting lr must be a number >= 0"),
+    ({"head_pooling": "median"}, "setting head_pooling must be one of mean, max, got 'median'"),
 ]
 
 

@@ -22,26 +22,42 @@ class Branches(nn.ModuleList):
         return [module(x) for module, x in zip(self, xs, strict=True)]
 
 
-class ClassificationHead(nn.Module):
-    """The paper's head (App. B.1): average away the spatial or sequence axes, then a linear layer.
+#: How a classification head pools the spatial or sequence axes: the paper's mean, or the max
+#: (global max pooling, "max over time" for sequences: a feature that fires anywhere counts,
+#: where the mean of position-wise features cannot tell two orders of the same parts apart).
+HEAD_POOLINGS = ("mean", "max")
 
-    im features (C, H, W) are averaged over H and W; col features (S, D) over the sequence S
+
+class ClassificationHead(nn.Module):
+    """The paper's head (App. B.1): pool away the spatial or sequence axes, then a linear layer.
+
+    im features (C, H, W) are pooled over H and W; col features (S, D) over the sequence S
     (the usual token pooling; the paper's code averages over D instead, which pools each
-    token's features rather than the tokens).
+    token's features rather than the tokens). `pooling` is one of HEAD_POOLINGS; the paper's
+    is the mean.
     """
 
-    def __init__(self, features: FeatureState, classes: int):
+    def __init__(self, features: FeatureState, classes: int, pooling: str = "mean"):
         super().__init__()
         if classes < 1:
             raise EinspaceError(f"a classifier needs at least one class, got {classes}")
+        check_head_pooling(pooling)
         image = len(features.shape) == 3
-        #: The averaged axes, reduced where they lie: moving S last first (as an einops
+        #: The pooled axes, reduced where they lie: moving S last first (as an einops
         #: reduction does) hands the last layer a transposed gradient to copy.
         self.pooled = (2, 3) if image else (1,)
+        self.pooling = pooling
         self.linear = nn.Linear(features.shape[0] if image else features.shape[-1], classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x.mean(self.pooled))
+        pooled = x.mean(self.pooled) if self.pooling == "mean" else x.amax(self.pooled)
+        return self.linear(pooled)
+
+
+def check_head_pooling(pooling: object) -> None:
+    """Refuse a head pooling that is not one of HEAD_POOLINGS, naming those."""
+    if pooling not in HEAD_POOLINGS:
+        raise EinspaceError(f"head pooling must be one of {', '.join(HEAD_POOLINGS)}, got {pooling!r}")
 
 
 class Network(nn.Module):
@@ -146,10 +162,13 @@ def compile_network(
     grammar: Grammar | None = None,
     *,
     lower: bool = True,
+    pooling: str = "mean",
 ) -> Network:
-    """Backbone plus the classification head of App. B.1 (`lower` as in compile_backbone)."""
+    """Backbone plus the classification head of App. B.1 (`lower` as in compile_backbone), pooling
+    as `pooling` says (HEAD_POOLINGS)."""
     checked = tree if isinstance(tree, CheckedTree) else check_tree(tree, grammar, _need(input))
-    return Network(_build(checked, lower), ClassificationHead(checked.output[0], classes))
+    check_head_pooling(pooling)
+    return Network(_build(checked, lower), ClassificationHead(checked.output[0], classes, pooling))
 
 
 def _build(checked: CheckedTree, lower: bool) -> nn.Module:

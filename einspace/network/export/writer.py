@@ -47,7 +47,8 @@ class Writer:
             raise EinspaceError(f"export writes the paper's classification head, not {type(head).__name__}")
         slots = (("in_features", head.linear.in_features), ("classes", head.linear.out_features))
         layer = root.add("head", "nn.Linear({}, {})", slots, head.linear.state_dict(), numbered=False)
-        pool = "mean((2, 3))" if head.pooled == (2, 3) else "mean(1)"
+        axes = "(2, 3)" if head.pooled == (2, 3) else "1"
+        pool = f"{'mean' if head.pooling == 'mean' else 'amax'}({axes})"
         root.line(f"return {layer}({x}.{pool})")
         return root
 

@@ -1,0 +1,114 @@
+"""The head's pooling (`head_pooling`): the paper's mean, or the max over positions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from einspace import compile_network, load_grammar, parse_tree
+from einspace.errors import EinspaceError
+from einspace.evaluators.base import Task, run_task
+from einspace.evaluators.objectives import DenseHead
+from einspace.evaluators.training import TrainingSettings
+from einspace.network.compiler import ClassificationHead
+from einspace.network.export import export_tree
+from einspace.state import input_state
+
+PAPER = load_grammar("einspace")
+#: A convolution without a nonlinearity: with the mean head the whole network is linear in the
+#: sum of the input's windows, which is the same for every order of the same parts.
+LINEAR_CONV = "(S (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=16))) (R2 col2im))"
+
+
+@pytest.mark.parametrize(
+    "tree, shape, axes",
+    [(LINEAR_CONV, (2, 5, 7), (2, 3)), ("(S (M (C linear(d=16))) (M (C identity)))", (6, 4), (1,))],
+    ids=["im", "col"],
+)
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_the_head_pools_the_positions_as_asked(tree: str, shape: tuple, axes: tuple, pooling: str) -> None:
+    network = compile_network(parse_tree(tree), input_state(shape), 3, PAPER, pooling=pooling)
+    x = torch.randn(4, *shape)
+    features = network.backbone(x)
+    pooled = features.mean(axes) if pooling == "mean" else features.max(axes[-1]).values
+    if pooling == "max" and len(axes) == 2:
+        pooled = pooled.max(-1).values
+    expected = pooled @ network.head.linear.weight.T + network.head.linear.bias
+    torch.testing.assert_close(network(x), expected)
+
+
+def test_the_default_is_the_papers_mean() -> None:
+    network = compile_network(parse_tree(LINEAR_CONV), input_state((2, 5, 7)), 3, PAPER)
+    assert network.head.pooling == "mean"
+    assert TrainingSettings().head_pooling == "mean"
+
+
+def test_a_pooling_that_does_not_exist_is_refused_before_building() -> None:
+    message = "head pooling must be one of mean, max, got 'median'"
+    with pytest.raises(EinspaceError, match=message):
+        compile_network(parse_tree(LINEAR_CONV), input_state((2, 5, 7)), 3, PAPER, pooling="median")
+    with pytest.raises(EinspaceError, match=message):
+        ClassificationHead(input_state((2, 5, 7)), 3, "median")
+    with pytest.raises(EinspaceError, match=message):
+        DenseHead(input_state((2, 5, 7)), (1, 4, 4), "median")
+    with pytest.raises(EinspaceError, match="setting head_pooling must be one of mean, max, got 'avg'"):
+        TrainingSettings(head_pooling="avg")
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_the_dense_head_pools_as_asked(pooling: str) -> None:
+    head = DenseHead(input_state((3, 8, 8)), (2, 4, 4), pooling)
+    x = torch.randn(2, 3, 8, 8)
+    pool = F.adaptive_avg_pool2d if pooling == "mean" else F.adaptive_max_pool2d
+    expected = torch.einsum("bchw,oc->bohw", pool(x, (4, 4)), head.linear.weight)
+    torch.testing.assert_close(head(x), expected + head.linear.bias[:, None, None])
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7), (6, 4)], ids=["im", "col"])
+def test_an_exported_max_head_computes_what_the_network_does(shape: tuple) -> None:
+    tree = LINEAR_CONV if len(shape) == 3 else "(S (M (C linear(d=16))) (M (C identity)))"
+    network = compile_network(parse_tree(tree), input_state(shape), 3, PAPER, pooling="max")
+    exported = export_tree(parse_tree(tree), input_state(shape), grammar=PAPER, name="Net", network=network)
+    assert ".amax(" in exported.source and ".mean(" not in exported.source
+    namespace: dict = {}
+    exec(compile(exported.source, "net.py", "exec"), namespace)
+    model = namespace["Net"]()
+    model.load_state_dict(exported.state_dicts["Net"])
+    x = torch.randn(3, *shape)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), network.eval()(x))
+
+
+def _order_task(path: Path, seed: int = 0) -> str:
+    """Two classes of 1x24 sequences of 2 channels: part a then part b, or b then a, at a random
+    position on weak noise. Both classes hold the same values; only their order differs."""
+    rng = np.random.default_rng(seed)
+    a, b = np.array([1.0, -1.0]), np.array([-1.0, 1.0])
+    n = 600
+    y = rng.integers(0, 2, n)
+    x = rng.normal(scale=0.1, size=(n, 2, 1, 24)).astype(np.float32)
+    for i, start in enumerate(rng.integers(0, 22, n)):
+        first, second = (a, b) if y[i] == 0 else (b, a)
+        x[i, :, 0, start] += first
+        x[i, :, 0, start + 1] += second
+    parts = {"train": slice(0, 400), "valid": slice(400, 500), "test": slice(500, 600)}
+    np.savez(path, **{f"{k}_{v}": arr[s] for k, s in parts.items() for v, arr in (("x", x), ("y", y))})
+    return str(path)
+
+
+def test_a_max_head_learns_an_order_that_the_mean_head_cannot_see(tmp_path: Path) -> None:
+    """The reason for the setting: a linear convolution pooled by the mean is blind to the order
+    of the parts (chance), pooled by the max it tells them apart."""
+    settings = {"dataset": _order_task(tmp_path / "order.npz"), "epochs": 15, "batch_size": 50}
+    settings |= {"optimizer": "adam", "lr": 0.01, "threads": 1, "device": "cpu"}
+    scores = {}
+    for pooling in ("mean", "max"):
+        task = Task(LINEAR_CONV, "einspace", (2, 1, 24), "training", {**settings, "head_pooling": pooling})
+        result = run_task(task)
+        assert result.ok, result.error
+        scores[pooling] = result.fitness
+    assert scores["mean"] < 0.65 and scores["max"] > 0.95, scores
