@@ -15,6 +15,7 @@ more than 10 points above chance, and each hand-written tree's accuracy.
 
     python benchmarks/random_trees.py                      # motifs, 60 trees, 2 epochs: ~5 min
     python benchmarks/random_trees.py --trees 200 --epochs 4
+    python benchmarks/random_trees.py --head-pooling max   # the head's max instead of the mean
 """
 
 from __future__ import annotations
@@ -61,10 +62,13 @@ def random_trees(task_name: str, count: int, seed: int) -> list[str]:
         return [to_text(sampler.sample()) for _ in range(count)]
 
 
-def train(tree: str, task_name: str, data_dir: Path, epochs: int, optimiser: dict) -> float | None:
-    """Validation accuracy after `epochs` of the recipe with `optimiser` (None: failed)."""
+def train(
+    tree: str, task_name: str, data_dir: Path, epochs: int, optimiser: dict, pooling: str = "mean"
+) -> float | None:
+    """Validation accuracy after `epochs` of the recipe with `optimiser` and the head's `pooling`
+    (None: failed)."""
     task = TASKS[task_name]
-    settings = {**evaluator_settings(task, data_dir), "epochs": epochs, **optimiser}
+    settings = {**evaluator_settings(task, data_dir), "epochs": epochs, **optimiser, "head_pooling": pooling}
     result = run_task(Task(tree, task.grammar, task.shape, "training", settings, mode="im"))
     return result.fitness if result.ok else None
 
@@ -78,6 +82,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=list(OPTIMIZERS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--head-pooling", choices=("mean", "max"), default="mean", help="the head's pooling")
     parser.add_argument("--out", type=Path, default=Path("runs/random_trees"))
     args = parser.parse_args()
     import torch
@@ -97,11 +102,13 @@ def main() -> None:
     handwritten = {f"the seed {task.seed}": seed_tree, **HANDWRITTEN}
     print(
         f"task {task.name} {task.shape}, grammar {task.grammar}, {args.trees} random trees, "
-        f"{args.epochs} epochs, chance {chance:.0%}"
+        f"{args.epochs} epochs, head pooling {args.head_pooling}, chance {chance:.0%}"
     )
     for name in args.optimizers:
         started = time.process_time()
-        scores = [train(t, task.name, data_dir, args.epochs, OPTIMIZERS[name]) for t in trees]
+        scores = [
+            train(t, task.name, data_dir, args.epochs, OPTIMIZERS[name], args.head_pooling) for t in trees
+        ]
         done = sorted(s for s in scores if s is not None)
         above = sum(s > chance + 0.10 for s in done)
         if done:
@@ -115,7 +122,7 @@ def main() -> None:
             f"({time.process_time() - started:.0f} CPU s)"
         )
         for label, tree in handwritten.items():
-            score = train(tree, task.name, data_dir, args.epochs, OPTIMIZERS[name])
+            score = train(tree, task.name, data_dir, args.epochs, OPTIMIZERS[name], args.head_pooling)
             print(f"  {label}: {'failed' if score is None else f'{score:.1%}'}")
 
 
