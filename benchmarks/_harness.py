@@ -13,8 +13,17 @@ import yaml
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
 MEMORY_LIMIT_GB = 6  # per search process
-#: The settings the retraining on train+valid keeps from the search's (no time limit, no budgets).
-RETRAINING_KEYS = ("epochs", "batch_size", "threads", "optimizer", "lr", "momentum", "weight_decay")
+#: The settings the retraining on train+valid drops from the search's: its data (given apart), time
+#: limit, budgets and inheritance (a retraining starts from scratch). It keeps the rest, the
+#: network's head and the training recipe.
+RETRAINING_DROPS = (
+    "dataset",
+    "max_seconds",
+    "max_params",
+    "max_flops",
+    "max_activation_mb",
+    "inherit_weights",
+)
 
 
 def quickstart() -> dict[str, Any]:
@@ -44,9 +53,9 @@ def confine_worker(memory_gb: float | None = MEMORY_LIMIT_GB) -> None:
 
 
 def retraining(settings: dict[str, Any]) -> dict[str, Any]:
-    """The retraining on train+valid of a search with evaluator `settings`: its epochs, batch size,
-    threads and optimiser."""
-    return {key: settings[key] for key in RETRAINING_KEYS if key in settings}
+    """The retraining on train+valid of a search with evaluator `settings`: the same without its
+    data, time limit, budgets and inheritance."""
+    return {key: value for key, value in settings.items() if key not in RETRAINING_DROPS}
 
 
 def test_accuracy(tree_text: str, dataset: str, grammar: str, settings: dict[str, Any], seed: int) -> float:
