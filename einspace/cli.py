@@ -366,6 +366,8 @@ def cmd_import_model(args: argparse.Namespace) -> int:
     if args.weights:
         save_weights(imported.state_dict, args.weights)
         head = f"classes={imported.classes}" if imported.classes else "no head: compile_backbone"
+        if imported.classes and imported.pooling != "mean":
+            head += f", pooling={imported.pooling!r}"
         print(f"wrote {args.weights}: the model's weights for compile_network(tree, input, {head})")
     return 0
 

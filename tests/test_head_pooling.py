@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from einspace import compile_network, load_grammar, parse_tree
 from einspace.errors import EinspaceError
@@ -16,6 +17,7 @@ from einspace.evaluators.objectives import DenseHead
 from einspace.evaluators.training import TrainingSettings
 from einspace.network.compiler import ClassificationHead
 from einspace.network.export import export_tree
+from einspace.network.importer import import_model
 from einspace.state import input_state
 
 PAPER = load_grammar("einspace")
@@ -112,3 +114,44 @@ def test_a_max_head_learns_an_order_that_the_mean_head_cannot_see(tmp_path: Path
         assert result.ok, result.error
         scores[pooling] = result.fitness
     assert scores["mean"] < 0.65 and scores["max"] > 0.95, scores
+
+
+class _MaxHeadConv(nn.Module):
+    """A convolution, then a max head written as `pool`: `amax` or adaptive max pooling."""
+
+    def __init__(self, pool: str):
+        super().__init__()
+        self.conv, self.fc, self.pool = nn.Conv2d(2, 16, 3, padding=1), nn.Linear(16, 3), pool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.leaky_relu(self.conv(x), 0.01)
+        pooled = x.amax((2, 3)) if self.pool == "amax" else F.adaptive_max_pool2d(x, 1).flatten(1)
+        return self.fc(pooled)
+
+
+@pytest.mark.parametrize("pool", ["amax", "adaptive_max_pool2d"])
+def test_a_model_with_a_max_head_imports_with_that_pooling(pool: str) -> None:
+    model = _MaxHeadConv(pool).eval()
+    imported = import_model(model, input_state((2, 5, 6)))
+    assert (imported.classes, imported.pooling) == (3, "max")
+    assert "head_pooling max" in imported.tree_file("test")
+    x = torch.randn(4, 2, 5, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(imported.network(PAPER).eval()(x), model(x))
+
+
+def test_an_exported_max_head_network_imports_back_to_the_same_function(tmp_path: Path) -> None:
+    shape = (2, 5, 7)
+    network = compile_network(parse_tree(LINEAR_CONV), input_state(shape), 3, PAPER, pooling="max").eval()
+    exported = export_tree(
+        parse_tree(LINEAR_CONV), input_state(shape), grammar=PAPER, name="Net", network=network
+    )
+    namespace: dict = {}
+    exec(compile(exported.source, "net.py", "exec"), namespace)
+    model = namespace["Net"]()
+    model.load_state_dict(exported.state_dicts["Net"])
+    imported = import_model(model.eval(), input_state(shape))
+    assert imported.pooling == "max"
+    x = torch.randn(3, *shape)
+    with torch.no_grad():
+        torch.testing.assert_close(imported.network(PAPER).eval()(x), network(x))

@@ -58,7 +58,7 @@ HEADS = {
 def test_the_papers_head_is_found_however_the_mean_is_written(case):
     model, shape = HEADS[case]
     imported = import_model(model, input_state(shape))
-    assert imported.classes == 5 and imported.substitutions == ()
+    assert imported.classes == 5 and imported.substitutions == () and imported.pooling == "mean"
     body = seq(arch.conv(16, 3, 1), arch.act()) if len(shape) == 3 else seq(arch.linear(16), arch.norm())
     assert sequence_form(imported.tree) == sequence_form(arch.network(body))
     _same(model, imported, PAPER, shape, modes=(False,))
@@ -80,7 +80,10 @@ HEADLESS = {
     [
         (
             "a linear of a sum, not a mean",
-            ("the classifier `fc` reads [B, 16] computed by", "this is not that mean"),
+            (
+                "the classifier `fc` reads [B, 16] computed by",
+                "over space (or tokens) of the backbone's output, and this is neither",
+            ),
         ),
         (  # class-token pooling: einspace_zoo's first_token, the mean in the paper's grammar
             "a linear of one token",

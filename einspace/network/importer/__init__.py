@@ -32,20 +32,24 @@ __all__ = ["ImportedModel", "ModelImportError", "ModelLoadError", "import_model"
 @dataclass(frozen=True)
 class ImportedModel:
     """The derivation tree of a model's backbone, its head's classes (None when it has no head of
-    the paper's form), a state_dict with its weights for `compile_network(tree, input, classes)`
-    (or `compile_backbone` without a head), and the substitutions made, each located."""
+    the paper's form), a state_dict with its weights for `compile_network(tree, input, classes,
+    pooling=pooling)` (or `compile_backbone` without a head), the substitutions made, each
+    located, and the head's pooling (mean, or max: the training setting `head_pooling`)."""
 
     tree: Node
     input: FeatureState
     classes: int | None
     state_dict: dict[str, torch.Tensor]
     substitutions: tuple[str, ...]
+    pooling: str = "mean"
 
     def tree_file(self, origin: str) -> str:
         """The tree in a file's bracket form, after a `#` header: where it came from, its size and
         what was substituted."""
         checked = check_tree(self.tree, None, self.input)
         head = f"+ a head for {self.classes} classes" if self.classes else "no head"
+        if self.classes and self.pooling != "mean":
+            head += f", head_pooling {self.pooling}"
         lines = [
             f"Imported by `{origin}`.",
             f"At {self.input}: {checked.params:,} backbone parameters ({head}).",
@@ -58,7 +62,7 @@ class ImportedModel:
         if self.classes is None:
             built = compile_backbone(self.tree, self.input, grammar)
         else:
-            built = compile_network(self.tree, self.input, self.classes, grammar)
+            built = compile_network(self.tree, self.input, self.classes, grammar, pooling=self.pooling)
         built.load_state_dict(self.state_dict)
         return built
 
@@ -78,7 +82,7 @@ def import_model(
     """
     grammar = load_grammar(grammar) if isinstance(grammar, str) else grammar
     converter = Converter(model, input, grammar)
-    tree, entries, head = converter.convert()
+    tree, entries, head, pooling = converter.convert()
     made = converter.report()
     if made and not substitute:
         raise ModelImportError(
@@ -97,4 +101,4 @@ def import_model(
     notes = [
         f"weights of {name} not transferred: their shape changed with a substitution" for name in mismatched
     ]
-    return ImportedModel(tree, input, classes, state, (*made, *notes))
+    return ImportedModel(tree, input, classes, state, (*made, *notes), pooling)
