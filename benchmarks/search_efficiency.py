@@ -85,6 +85,10 @@ Output goes to `--out` (default runs/search_efficiency).
     python benchmarks/search_efficiency.py               # 3 seeds, every method: 2-3 hours on 2 cores
     python benchmarks/search_efficiency.py --executor ray --num-gpus 0.25 --jobs 4 --budget 60
     python benchmarks/search_efficiency.py --tasks motifs --methods RE+SH --optimizer adam --lr 0.003
+    python benchmarks/search_efficiency.py --tasks motifs --head-pooling max   # max head, not mean
+
+`--optimizer`, `--lr` and `--head-pooling` replace the recipe's settings for the searches and their
+retraining; the baselines train with the optimiser given and keep their own heads.
 """
 
 from __future__ import annotations
