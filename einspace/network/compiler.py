@@ -22,10 +22,11 @@ class Branches(nn.ModuleList):
         return [module(x) for module, x in zip(self, xs, strict=True)]
 
 
-#: How a classification head pools the spatial or sequence axes: the paper's mean, or the max
-#: (global max pooling, "max over time" for sequences: a feature that fires anywhere counts,
-#: where the mean of position-wise features cannot tell two orders of the same parts apart).
-HEAD_POOLINGS = ("mean", "max")
+#: How a classification head pools the spatial or sequence axes (name -> the reduction over
+#: them): the paper's mean, or the max (global max pooling, "max over time" for sequences: a
+#: feature that fires anywhere counts, where the mean of position-wise features cannot tell two
+#: orders of the same parts apart).
+HEAD_POOLINGS = {"mean": torch.mean, "max": torch.amax}
 
 
 class ClassificationHead(nn.Module):
@@ -50,8 +51,7 @@ class ClassificationHead(nn.Module):
         self.linear = nn.Linear(features.shape[0] if image else features.shape[-1], classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pooled = x.mean(self.pooled) if self.pooling == "mean" else x.amax(self.pooled)
-        return self.linear(pooled)
+        return self.linear(HEAD_POOLINGS[self.pooling](x, self.pooled))
 
 
 def check_head_pooling(pooling: object) -> None:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from einspace.grammar.model import Grammar, OpItem, walk_items
+from einspace.network.compiler import HEAD_POOLINGS
 from einspace.network.importer.graph import TracedModel, target_name
 from einspace.network.importer.joins import JoinRules, stack_of_sum
 from einspace.network.importer.layers import LayerRules, is_addcmul
@@ -46,8 +47,6 @@ from einspace.tree import Node, Terminal, format_terminal
 __all__ = ["Converter", "fold_sizes", "grammar_grid"]
 
 _HEAD_POOLS = {"mean", "amax", "flatten", "view", "reshape", "squeeze"}
-#: The head's pooling (einspace.network.compiler.HEAD_POOLINGS) and the reduction it computes.
-_POOLINGS = {"mean": torch.mean, "max": torch.amax}
 
 
 class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
@@ -150,7 +149,7 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
             value = self.values[source]
             if value.dim() not in (3, 4) or value.shape[0] != pooled.shape[0]:
                 continue
-            for pooling, reduce in _POOLINGS.items():
+            for pooling, reduce in HEAD_POOLINGS.items():
                 reduced = reduce(value, (2, 3) if value.dim() == 4 else 1)
                 if reduced.shape == pooled.shape and torch.allclose(reduced, pooled, rtol=1e-5, atol=1e-6):
                     self.use(end)
