@@ -34,6 +34,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--weight-decay", type=float, help="default 3e-4")
     evaluate.add_argument("--schedule", choices=("cosine", "step", "constant"), help="default cosine")
     evaluate.add_argument("--max-seconds", type=float, help="give up after this long")
+    evaluate.add_argument("--head-pooling", metavar="POOLING", help="mean (the paper's, default) or max")
     evaluate.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     evaluate.add_argument("--random-seed", type=int, default=0)
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
@@ -52,6 +53,7 @@ _OVERRIDES = {
     "weight_decay": "weight_decay",
     "schedule": "schedule",
     "max_seconds": "max_seconds",
+    "head_pooling": "head_pooling",
     "device": "device",
 }
 

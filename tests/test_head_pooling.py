@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +156,19 @@ def test_an_exported_max_head_network_imports_back_to_the_same_function(tmp_path
     x = torch.randn(3, *shape)
     with torch.no_grad():
         torch.testing.assert_close(imported.network(PAPER).eval()(x), network(x))
+
+
+def test_einspace_evaluate_retrains_with_the_head_pooling_asked_for(tmp_path: Path, capsys) -> None:
+    from einspace.cli import main
+
+    (tmp_path / "conv.tree").write_text(LINEAR_CONV + "\n")
+    dataset = _order_task(tmp_path / "order.npz")
+    base = ["evaluate", str(tmp_path / "conv.tree"), "--dataset", dataset, "--epochs", "15", "--json"]
+    base += ["--batch-size", "50", "--device", "cpu"]
+    scores = {}
+    for pooling in ("mean", "max"):
+        assert main([*base, "--lr", "0.1", "--head-pooling", pooling]) == 0
+        scores[pooling] = json.loads(capsys.readouterr().out.split("\n", 1)[1])["test_accuracy"]
+    assert scores["mean"] < 0.65 and scores["max"] > 0.95, scores
+    assert main([*base, "--head-pooling", "median"]) == 2
+    assert "setting head_pooling must be one of mean, max, got 'median'" in capsys.readouterr().err
