@@ -88,7 +88,8 @@ Output goes to `--out` (default runs/search_efficiency).
     python benchmarks/search_efficiency.py --tasks motifs --head-pooling max   # max head, not mean
 
 `--optimizer`, `--lr` and `--head-pooling` replace the recipe's settings for the searches and their
-retraining; the baselines train with the optimiser given and keep their own heads.
+retraining; the baselines train with the optimiser given and keep their own heads. `--population`
+and `--tournament` replace RE's.
 """
 
 from __future__ import annotations
@@ -280,6 +281,7 @@ class Job:
     num_gpus: float = 0.0
     overrides: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr, --head-pooling: over the recipe's
     source_budget: float = 0.0  # transfer: the compute of the earlier search on TRANSFER_SOURCE
+    evolution: tuple[tuple[str, int], ...] = ()  # --population, --tournament: over the recipe's RE
 
 
 def _dataset(task: Task, data_dir: Path) -> str:
@@ -307,7 +309,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
     data_dir = Path(job.data_dir)
     strategy = {"evaluations": STRATEGY_BUDGET}
     if method.strategy == "regularised_evolution":
-        strategy = {**raw["strategy"]["settings"], **strategy}
+        strategy = {**raw["strategy"]["settings"], **strategy, **dict(job.evolution)}
     if method.screen > 1:
         strategy = {**strategy, "screen": method.screen, "surrogate_min_results": SURROGATE_MIN_RESULTS}
     if method.mutations:
@@ -862,7 +864,11 @@ def _progress(r: dict[str, Any]) -> str:
 
 
 def recipe(
-    tasks: list[Task], budgets: dict[str, float], executor: dict[str, Any], overrides: tuple = ()
+    tasks: list[Task],
+    budgets: dict[str, float],
+    executor: dict[str, Any],
+    overrides: tuple = (),
+    evolution: tuple = (),
 ) -> str:
     """What every search and baseline shares, and what changes per task."""
     from einspace.evaluators.training import TrainingSettings
@@ -883,7 +889,7 @@ def recipe(
         "source": "experiments/quickstart.yaml",
         "limits": raw["limits"],
         "evaluator": {"name": raw["evaluator"]["name"], "settings": settings, "optimiser": optimiser},
-        "RE": raw["strategy"]["settings"] | {"evaluations": "until the budget is spent"},
+        "RE": raw["strategy"]["settings"] | dict(evolution) | {"evaluations": "until the budget is spent"},
         "RE+SH": {**HALVING, "rungs": rungs},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
@@ -918,6 +924,8 @@ def main() -> None:
     parser.add_argument("--num-gpus", type=float, default=0.0, help="ray: the GPU share of each evaluation")
     parser.add_argument("--optimizer", help="instead of the recipe's (sgd): searches, baselines, retraining")
     parser.add_argument("--lr", type=float, help="instead of the recipe's learning rate (0.04)")
+    parser.add_argument("--population", type=int, help="RE's population instead of the recipe's (16)")
+    parser.add_argument("--tournament", type=int, help="RE's tournament size instead of the recipe's (4)")
     parser.add_argument(
         "--head-pooling",
         choices=("mean", "max"),
@@ -933,6 +941,9 @@ def main() -> None:
     args = parser.parse_args()
     given = (("optimizer", args.optimizer), ("lr", args.lr), ("head_pooling", args.head_pooling))
     overrides = tuple((k, v) for k, v in given if v is not None)
+    evolution = tuple(
+        (k, v) for k, v in (("population", args.population), ("tournament", args.tournament)) if v
+    )
     tasks = [TASKS[name] for name in args.tasks]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
 
@@ -947,7 +958,7 @@ def main() -> None:
         executor["num_gpus"] = args.num_gpus
     data_dir = args.out.resolve() / "data"
     print(f"search efficiency: tasks {args.tasks}, methods {args.methods}, seeds {seeds}")
-    print(recipe(tasks, budgets, executor, overrides))
+    print(recipe(tasks, budgets, executor, overrides, evolution))
     summaries = prepare(tasks, data_dir)
     jobs = [
         (run_baseline, Job(t.name, b, s, budgets[t.name], str(data_dir), overrides=overrides))
@@ -968,6 +979,7 @@ def main() -> None:
                 args.num_gpus,
                 overrides,
                 args.source_budget or budget_of(TASKS[TRANSFER_SOURCE]),
+                evolution,
             ),
         )
         for t in tasks
