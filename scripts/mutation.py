@@ -225,6 +225,16 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (),
         ("tests/test_mutation_import.py", "tests/test_mutation_converter.py", *_FAST_IMPORT),
     ),
+    "fx import head": (
+        "einspace/network/importer/head.py",
+        (),
+        (
+            "tests/test_mutation_import.py",
+            "tests/test_mutation_converter.py",
+            "tests/test_head_pooling.py",
+            *_FAST_IMPORT,
+        ),
+    ),
     "fx import layers": (
         "einspace/network/importer/layers.py",
         (),

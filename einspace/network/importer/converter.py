@@ -24,7 +24,6 @@ wherever the layer keeps its shape; substituted layers start from a fresh initia
 from __future__ import annotations
 
 import itertools
-import operator
 from dataclasses import replace
 from typing import Any
 
@@ -34,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from einspace.grammar.model import Grammar, OpItem, walk_items
-from einspace.network.compiler import HEAD_POOLINGS
-from einspace.network.importer.graph import TracedModel, target_name
+from einspace.network.importer.graph import TracedModel
+from einspace.network.importer.head import HeadRules
 from einspace.network.importer.joins import JoinRules, stack_of_sum
 from einspace.network.importer.layers import LayerRules, is_addcmul
 from einspace.network.importer.pieces import Entry, Piece, Route, cancel, common_owner, partner, sequence
@@ -46,10 +45,8 @@ from einspace.tree import Node, Terminal, format_terminal
 
 __all__ = ["Converter", "fold_sizes", "grammar_grid"]
 
-_HEAD_POOLS = {"mean", "amax", "flatten", "view", "reshape", "squeeze"}
 
-
-class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
+class Converter(HeadRules, LayerRules, JoinRules, TokenRules, TracedModel):
     """A traced model and the tree of the grammar built from it: the whole model, chains from an
     output back to its source, layouts and routing modules here; layers in `LayerRules`, joins in
     `JoinRules`, the class token in `TokenRules`."""
@@ -117,66 +114,13 @@ class Converter(LayerRules, JoinRules, TokenRules, TracedModel):
         end = output.args[0]
         if not isinstance(end, fx.Node) or not isinstance(self.values.get(end), torch.Tensor):
             raise self.fail(output, "the model must return one tensor")
-        head, end, pooled, pooling = self._head(end)
+        head, end, pooled, pooling = self.head(end)
         body = sequence(self.assemble([*self.chain(end, self.placeholder), *pooled]))
         module = body.module
         if len(module.children) == 1:  # S derives no lone computation: pass on an identity after it
             module = arch.seq(module, arch.identity())
             body = Piece(module, body.entries)
         return arch.network(module), body.entries, head, pooling
-
-    def _head(self, end: fx.Node) -> tuple[nn.Linear | None, fx.Node, list[Piece], str]:
-        """The paper's head at the end (a linear layer of the mean over space or tokens, or of the
-        max: `head_pooling`): its linear, the backbone's output, what the backbone ends with
-        before the head (class-token pooling) and the pooling; or no head. The pooling is checked
-        on the values; what is the identity at inference (dropout, nn.Identity) may stand
-        between, and is left out after the pooling (where the grammar has no place for a
-        dropout)."""
-        if end.op != "call_module" or not isinstance(self.modules[end.target], nn.Linear):
-            return None, end, [], "mean"
-        pooled = self.values[end.args[0]]
-        if not isinstance(pooled, torch.Tensor) or pooled.dim() != 2:
-            return None, end, [], "mean"
-        candidates, node = [], end.args[0]
-        while isinstance(node, fx.Node) and len(self.inputs(node)) == 1:
-            if not (self._head_pool(node) or self.passes_unchanged(node)):
-                break
-            if self.kept_dropout(node) and self.values[node].dim() > 2:  # in the backbone
-                break
-            node = self.inputs(node)[0]
-            candidates.append(node)
-        for source in reversed(candidates):  # the earliest value whose mean (max) is the pooled one
-            value = self.values[source]
-            if value.dim() not in (3, 4) or value.shape[0] != pooled.shape[0]:
-                continue
-            for pooling, reduce in HEAD_POOLINGS.items():
-                reduced = reduce(value, (2, 3) if value.dim() == 4 else 1)
-                if reduced.shape == pooled.shape and torch.allclose(reduced, pooled, rtol=1e-5, atol=1e-6):
-                    self.use(end)
-                    return self.modules[end.target], source, [], pooling
-        first = self.pooled_first_token(node) if isinstance(node, fx.Node) else None
-        if first is not None:
-            self.use(end)
-            return self.modules[end.target], *first, "mean"
-        what = self.describe(node) if isinstance(node, fx.Node) else "its input"
-        if isinstance(node, fx.Node) and node.target is operator.getitem:
-            what += " (a slice, such as a class token x[:, 0])"
-        raise self.fail(
-            end,
-            f"the classifier `{end.target}` reads [B, {pooled.shape[1]}] computed by {what}: the "
-            "grammar's head is a linear layer of the mean (or max) over space (or tokens) of the "
-            "backbone's output, and this is neither",
-        )
-
-    def _head_pool(self, node: fx.Node) -> bool:
-        if node.op == "call_module":
-            return isinstance(
-                self.modules[node.target], (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Flatten)
-            )
-        return target_name(node.target) in _HEAD_POOLS or node.target in (
-            F.adaptive_avg_pool2d,
-            F.adaptive_max_pool2d,
-        )
 
     # ------------------------------------------------------------- from an output back to its source
 
