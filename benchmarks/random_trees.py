@@ -30,6 +30,7 @@ from pathlib import Path
 from search_efficiency import TASKS, Job, evaluator_settings, experiment, prepare
 
 from einspace.evaluators.base import Task, run_task
+from einspace.network.compiler import HEAD_POOLINGS
 from einspace.search.config import parse_experiment
 from einspace.seeds import load_seed
 from einspace.tree import to_text
@@ -82,7 +83,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--optimizers", nargs="+", choices=list(OPTIMIZERS), default=list(OPTIMIZERS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--head-pooling", choices=("mean", "max"), default="mean", help="the head's pooling")
+    parser.add_argument(
+        "--head-pooling", choices=list(HEAD_POOLINGS), default="mean", help="the head's pooling"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/random_trees"))
     args = parser.parse_args()
     import torch

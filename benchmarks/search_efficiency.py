@@ -118,6 +118,7 @@ from _harness import (
     test_accuracy,
 )
 
+from einspace.network.compiler import HEAD_POOLINGS
 from einspace.search.random_search import RandomSearch
 from einspace.search.strategy import register_strategy
 from einspace.tree import Node
@@ -928,7 +929,7 @@ def main() -> None:
     parser.add_argument("--tournament", type=int, help="RE's tournament size instead of the recipe's (4)")
     parser.add_argument(
         "--head-pooling",
-        choices=("mean", "max"),
+        choices=list(HEAD_POOLINGS),
         help="the searched networks' head pooling instead of the recipe's (the paper's mean); "
         "the baselines keep their own heads",
     )

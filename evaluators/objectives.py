@@ -25,6 +25,10 @@ from einspace.state import FeatureState
 __all__ = ["Classification", "DenseHead", "DenseRegression", "Objective", "objective_for", "relative_l2"]
 
 
+#: The dense head's adaptive pooling for each of the classification head's (HEAD_POOLINGS).
+DENSE_POOLINGS = {"mean": F.adaptive_avg_pool2d, "max": F.adaptive_max_pool2d}
+
+
 class DenseHead(nn.Module):
     """The paper's dense head (App. B.1): adaptive average pooling of the last two axes to the
     target's height and width (col features (S, D) first get a channel axis of size one),
@@ -36,7 +40,7 @@ class DenseHead(nn.Module):
         check_head_pooling(pooling)
         channels = features.shape[0] if len(features.shape) == 3 else 1
         self.size = tuple(target_shape[1:])
-        self.pool = F.adaptive_avg_pool2d if pooling == "mean" else F.adaptive_max_pool2d
+        self.pool = DENSE_POOLINGS[pooling]
         self.linear = nn.Linear(channels, target_shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,9 +14,9 @@ from torch import nn
 from einspace import compile_network, load_grammar, parse_tree
 from einspace.errors import EinspaceError
 from einspace.evaluators.base import Task, run_task
-from einspace.evaluators.objectives import DenseHead
+from einspace.evaluators.objectives import DENSE_POOLINGS, DenseHead
 from einspace.evaluators.training import TrainingSettings
-from einspace.network.compiler import ClassificationHead
+from einspace.network.compiler import HEAD_POOLINGS, ClassificationHead
 from einspace.network.export import export_tree
 from einspace.network.importer import import_model
 from einspace.state import input_state
@@ -66,6 +66,7 @@ def test_a_pooling_that_does_not_exist_is_refused_before_building() -> None:
 def test_the_dense_head_pools_as_asked(pooling: str) -> None:
     head = DenseHead(input_state((3, 8, 8)), (2, 4, 4), pooling)
     x = torch.randn(2, 3, 8, 8)
+    assert DENSE_POOLINGS.keys() == HEAD_POOLINGS.keys()  # every classification pooling has its dense one
     pool = F.adaptive_avg_pool2d if pooling == "mean" else F.adaptive_max_pool2d
     expected = torch.einsum("bchw,oc->bohw", pool(x, (4, 4)), head.linear.weight)
     torch.testing.assert_close(head(x), expected + head.linear.bias[:, None, None])
@@ -117,20 +118,26 @@ def test_a_max_head_learns_an_order_that_the_mean_head_cannot_see(tmp_path: Path
     assert scores["mean"] < 0.65 and scores["max"] > 0.95, scores
 
 
+#: A max head written three ways: the tensor method, the functional pooling, the pooling module.
+MAX_HEADS = {
+    "amax": lambda: lambda x: x.amax((2, 3)),
+    "adaptive_max_pool2d": lambda: lambda x: F.adaptive_max_pool2d(x, 1).flatten(1),
+    "AdaptiveMaxPool2d": lambda: nn.Sequential(nn.AdaptiveMaxPool2d(1), nn.Flatten()),
+}
+
+
 class _MaxHeadConv(nn.Module):
-    """A convolution, then a max head written as `pool`: `amax` or adaptive max pooling."""
+    """A convolution, then a max head written as `MAX_HEADS[pool]`."""
 
     def __init__(self, pool: str):
         super().__init__()
-        self.conv, self.fc, self.pool = nn.Conv2d(2, 16, 3, padding=1), nn.Linear(16, 3), pool
+        self.conv, self.fc, self.pool = nn.Conv2d(2, 16, 3, padding=1), nn.Linear(16, 3), MAX_HEADS[pool]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.leaky_relu(self.conv(x), 0.01)
-        pooled = x.amax((2, 3)) if self.pool == "amax" else F.adaptive_max_pool2d(x, 1).flatten(1)
-        return self.fc(pooled)
+        return self.fc(self.pool(F.leaky_relu(self.conv(x), 0.01)))
 
 
-@pytest.mark.parametrize("pool", ["amax", "adaptive_max_pool2d"])
+@pytest.mark.parametrize("pool", list(MAX_HEADS))
 def test_a_model_with_a_max_head_imports_with_that_pooling(pool: str) -> None:
     model = _MaxHeadConv(pool).eval()
     imported = import_model(model, input_state((2, 5, 6)))

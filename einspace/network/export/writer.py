@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from einspace.errors import EinspaceError
-from einspace.network.compiler import Branches, ClassificationHead, Network
+from einspace.network.compiler import HEAD_POOLINGS, Branches, ClassificationHead, Network
 from einspace.network.export.parts import DEPTHWISE, DYNAMIC, XD, Helper, Instance, generator_layer
 from einspace.network.lowering import Attention, AttentionHead, BranchLinear, Conv, Folded
 from einspace.ops import _modules, _zoo_modules
@@ -48,7 +48,7 @@ class Writer:
         slots = (("in_features", head.linear.in_features), ("classes", head.linear.out_features))
         layer = root.add("head", "nn.Linear({}, {})", slots, head.linear.state_dict(), numbered=False)
         axes = "(2, 3)" if head.pooled == (2, 3) else "1"
-        pool = f"{'mean' if head.pooling == 'mean' else 'amax'}({axes})"
+        pool = f"{HEAD_POOLINGS[head.pooling].__name__}({axes})"  # torch.mean -> x.mean(...)
         root.line(f"return {layer}({x}.{pool})")
         return root
 

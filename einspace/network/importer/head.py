@@ -22,7 +22,9 @@ from einspace.network.importer.pieces import Piece
 
 __all__ = ["HeadRules"]
 
-_HEAD_POOLS = {"mean", "amax", "flatten", "view", "reshape", "squeeze"}
+#: What may stand between the backbone's output and the classifier, by name: the head's
+#: reductions (x.mean, torch.amax, ...) and reshapes to [B, C].
+_HEAD_POOLS = {f.__name__ for f in HEAD_POOLINGS.values()} | {"flatten", "view", "reshape", "squeeze"}
 
 
 class HeadRules:
