@@ -179,3 +179,18 @@ def test_einspace_evaluate_retrains_with_the_head_pooling_asked_for(tmp_path: Pa
     assert scores["mean"] < 0.65 and scores["max"] > 0.95, scores
     assert main([*base, "--head-pooling", "median"]) == 2
     assert "setting head_pooling must be one of mean, max, got 'median'" in capsys.readouterr().err
+
+
+def test_einspace_export_writes_the_head_pooling_asked_for(tmp_path: Path, capsys) -> None:
+    from einspace.cli import main
+
+    (tmp_path / "conv.tree").write_text(LINEAR_CONV + "\n")
+    base = ["export", str(tmp_path / "conv.tree"), "--input", "2,5,7", "--classes", "3"]
+    assert main([*base, "--out", str(tmp_path / "max.py"), "--head-pooling", "max"]) == 0
+    assert main([*base, "--out", str(tmp_path / "mean.py")]) == 0
+    assert ".amax((2, 3))" in (tmp_path / "max.py").read_text()
+    assert ".mean((2, 3))" in (tmp_path / "mean.py").read_text()
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "bad.py"), "--head-pooling", "median"]) == 2
+    assert "head pooling must be one of mean, max, got 'median'" in capsys.readouterr().err
+    assert not (tmp_path / "bad.py").exists()
