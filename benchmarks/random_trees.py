@@ -16,6 +16,7 @@ more than 10 points above chance, and each hand-written tree's accuracy.
     python benchmarks/random_trees.py                      # motifs, 60 trees, 2 epochs: ~5 min
     python benchmarks/random_trees.py --trees 200 --epochs 4
     python benchmarks/random_trees.py --head-pooling max   # the head's max instead of the mean
+    python benchmarks/random_trees.py --epochs 0           # untrained, the head fitted in closed form
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ have spent it. Methods, each from scratch and seeded:
 - RE+I, RE+all (from scratch only): RE with weight inheritance (children start from their
           parent's trained weights where the mutation left the network unchanged), and RE with
           everything: successive halving, surrogate screening and inheritance.
+- RE+SH0, RE+SH0+S (from scratch only): RE+SH (RE+SH+S) with a rung at 0 epochs below the
+          first: every new architecture is first scored untrained, its head fitted in closed
+          form (`min_fidelity: 0`; einspace.evaluators.head_fit), and only the best third trains.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -242,6 +245,7 @@ class Method:
     inherit: bool = False  # children start from their parent's trained weights
     mutations: tuple[tuple[str, float], ...] = ()  # mutation operators' weights (none: the paper's)
     transfer: tuple[str, ...] = ()  # the surrogate starts from these methods' searches on TRANSFER_SOURCE
+    first_rung: int = 1  # successive halving's lowest rung: 0 looks at the untrained network first
 
     @property
     def everything(self) -> bool:
@@ -258,6 +262,8 @@ METHODS = {
     "RE+all": Method("regularised_evolution", halving=True, screen=SCREEN, inherit=True),
     "RE+M": Method("regularised_evolution", mutations=MUTATIONS),
     "RE+SH+M": Method("regularised_evolution", halving=True, mutations=MUTATIONS),
+    "RE+SH0": Method("regularised_evolution", halving=True, first_rung=0),
+    "RE+SH0+S": Method("regularised_evolution", halving=True, screen=SCREEN, first_rung=0),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
@@ -337,7 +343,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
         "strategy": {"name": method.strategy, "settings": strategy},
         "seeds": [task.seed] if method.seeded else [],
         "executor": executor,
-        **({"multi_fidelity": HALVING} if method.halving else {}),
+        **({"multi_fidelity": {**HALVING, "min_fidelity": method.first_rung}} if method.halving else {}),
         **({"warm_start": list(warm_start)} if warm_start else {}),
     }
 
@@ -892,6 +898,7 @@ def recipe(
         "evaluator": {"name": raw["evaluator"]["name"], "settings": settings, "optimiser": optimiser},
         "RE": raw["strategy"]["settings"] | dict(evolution) | {"evaluations": "until the budget is spent"},
         "RE+SH": {**HALVING, "rungs": rungs},
+        "RE+SH0": {**HALVING, "min_fidelity": 0, "rungs": default_rungs(0, EPOCHS, HALVING["eta"])},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

@@ -219,6 +219,11 @@ class Evaluator(ABC):
         """The value of `fidelity_setting` in this evaluator's settings: the top fidelity."""
         return None
 
+    def fidelity_problem(self, fidelity: int) -> str | None:
+        """Why this evaluator cannot run at `fidelity`, a rung's (None: it can). Fidelity 0 is
+        for evaluators that can score an untrained network (the training evaluator's 0 epochs)."""
+        return None if fidelity > 0 else f"evaluator {self.name!r} has no fidelity 0"
+
     def check(self, input: FeatureState) -> None:  # noqa: B027 - optional
         """Raise EinspaceError if no tree could be evaluated for `input` (a dataset that is missing,
         malformed or of another shape): called once before a search, so that a problem every

@@ -3,7 +3,8 @@
 Everything here reads a CheckedTree (the checker's per-node signals, parameter and FLOP
 counts); nothing builds a module or allocates a tensor. That makes `budget_violation` cheap
 enough to call on every candidate a sampler or mutation produces, so over-budget trees are
-rejected before anyone trains them (the training evaluator checks again before building).
+rejected before anyone trains them (the training evaluator checks again before building, and
+`require_training_memory` against the machine's free memory).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
+from einspace.evaluators.base import EvaluationFailed
+from einspace.network.memory import require_memory
 from einspace.ops.registry import Group, get_op
 from einspace.tree import Terminal, walk
 
@@ -24,6 +27,7 @@ __all__ = [
     "budget_violation",
     "head_flops",
     "head_params",
+    "require_training_memory",
 ]
 
 _MIB = 2**20
@@ -135,3 +139,19 @@ def budget_violation(checked: CheckedTree, budget: Budget) -> str | None:
                 f"exceeds the budget of {budget.max_activation_mb:,} MiB"
             )
     return None
+
+
+def require_training_memory(checked: CheckedTree, batch_size: int) -> None:
+    """Refuse, before building, to train a network whose float32 weights, gradients and optimiser
+    state (at most four copies) and one batch's activations exceed the memory there is: the
+    operating system would kill the process, with no message."""
+    try:
+        require_memory(
+            {
+                "weights, gradients and optimiser state": 16 * checked.params,
+                f"activations for a batch of {batch_size}": activation_bytes(checked, batch_size),
+            },
+            f"training a network of {checked.params:,} parameters",
+        )
+    except EinspaceError as exc:
+        raise EvaluationFailed(str(exc)) from None

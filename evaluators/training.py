@@ -15,13 +15,12 @@ and how far training got, which `run_task` records as a failed Result. A run who
 runs out anyway stops, is scored, and reports `partial` 1.0 and the epochs it trained.
 
 Multi-fidelity search can ask a run to go on from a lower rung's saved state (a `Continuation`:
-einspace.evaluators.continuation): its schedule is then the top rung's, and it trains only the
-epochs after the saved ones.
+einspace.evaluators.continuation; it then trains the epochs after the saved ones on the top
+rung's schedule), or for 0 epochs: the untrained network, its head fitted (einspace.evaluators.head_fit).
 
-Determinism: the same random_seed gives bit-identical results on CPU with the same torch
-version and thread count (initialisation and batch order come from seeded generators). On a
-GPU, cuDNN algorithm choice and atomic adds make runs differ in the last bits unless
-`deterministic: true` (slower; torch.use_deterministic_algorithms with warn_only).
+Determinism: the same random_seed gives bit-identical results on CPU with the same torch version
+and thread count (seeded initialisation and batch order). On a GPU, cuDNN's algorithm choice and
+atomic adds make runs differ in the last bits unless `deterministic: true` (slower).
 """
 
 from __future__ import annotations
@@ -48,9 +47,10 @@ from einspace.evaluators.base import (
     Inheritance,
     register_evaluator,
 )
-from einspace.evaluators.budgets import Budget, activation_bytes, budget_violation
+from einspace.evaluators.budgets import Budget, budget_violation, require_training_memory
 from einspace.evaluators.continuation import Resumption
 from einspace.evaluators.datasets import Dataset, load_dataset
+from einspace.evaluators.head_fit import fit_head, head_fit_problem
 from einspace.evaluators.inheritance import Lineage
 from einspace.evaluators.latency import forward_latency_ms
 from einspace.evaluators.objectives import Objective, objective_for
@@ -59,7 +59,6 @@ from einspace.evaluators.time_budget import Laps, Progress, Projection, forecast
 from einspace.evaluators.time_model import Forecast
 from einspace.grammar.model import Grammar
 from einspace.network.compiler import HEAD_POOLINGS, lower_network
-from einspace.network.memory import require_memory
 from einspace.ops.trainable import architecture_metrics, constrain_architecture
 from einspace.state import FeatureState
 from einspace.tree import Node, content_hash
@@ -72,7 +71,7 @@ class TrainingSettings:
     """Everything a training run reads; an experiment file's evaluator settings map onto it."""
 
     dataset: str = "digits"  # built-in name, Unseen NAS directory, or .npz file
-    epochs: int = 8
+    epochs: int = 8  # 0: untrained, the head fitted in closed form (einspace.evaluators.head_fit)
     batch_size: int = 256
     optimizer: str = "sgd"  # sgd (the paper's) | adam | adamw: every group a `param_groups` entry leaves
     lr: float = 0.04
@@ -117,11 +116,11 @@ class TrainingSettings:
             f"setting milestones must be a list of fractions in (0, 1), got {self.milestones!r}",
         )
         object.__setattr__(self, "milestones", tuple(float(m) for m in self.milestones))
-        for name in ("epochs", "batch_size", "eval_batch_size"):
+        for name, least in (("epochs", 0), ("batch_size", 1), ("eval_batch_size", 1)):
             value = getattr(self, name)
             require(
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                f"setting {name} must be a positive integer, got {value!r}",
+                isinstance(value, int) and not isinstance(value, bool) and value >= least,
+                f"setting {name} must be an integer >= {least}, got {value!r}",
             )
         for name in ("lr", "momentum", "weight_decay", "gamma", "label_smoothing"):
             value = getattr(self, name)
@@ -183,22 +182,6 @@ class TrainingSettings:
             "max_activation_mb": self.max_activation_mb,
             "batch_size": self.batch_size,
         }
-
-
-def _require_training_memory(checked: CheckedTree, batch_size: int) -> None:
-    """Refuse, before building, to train a network whose float32 weights, gradients and optimiser
-    state (at most four copies) and one batch's activations exceed the memory there is: the
-    operating system would kill the process, with no message."""
-    try:
-        require_memory(
-            {
-                "weights, gradients and optimiser state": 16 * checked.params,
-                f"activations for a batch of {batch_size}": activation_bytes(checked, batch_size),
-            },
-            f"training a network of {checked.params:,} parameters",
-        )
-    except EinspaceError as exc:
-        raise EvaluationFailed(str(exc)) from None
 
 
 def _subset(x: np.ndarray, y: np.ndarray, n: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -375,7 +358,7 @@ def _train(
         settings, started, (settings.epochs - start) * steps_per_epoch, len(evaluation[1]), forecast
     )
     if runtime.device.type == "cpu":  # on a GPU, its own out-of-memory error says it
-        _require_training_memory(checked, settings.batch_size)
+        require_training_memory(checked, settings.batch_size)
     try:
         built = _build(
             checked,
@@ -393,10 +376,15 @@ def _train(
         eval_x, eval_y = runtime.data(*evaluation, key=data_keys[1])
         laps("data")
         progress.device_started = time.perf_counter()
-        epochs = range(start, settings.epochs)
-        done = _train_epochs(
-            built, objective, train_data, settings, runtime, epochs, shuffle, progress, budget, laps
-        )
+        if settings.epochs == 0:
+            done = _Epochs(
+                *fit_head(model, train_data, objective, runtime.batch, settings.eval_batch_size, shuffle)
+            )
+        else:
+            epochs = range(start, settings.epochs)
+            done = _train_epochs(
+                built, objective, train_data, settings, runtime, epochs, shuffle, progress, budget, laps
+            )
         laps("steps")
         eval_loss, eval_metric = _score(model, objective, eval_x, eval_y, settings.eval_batch_size, runtime)
         laps("validation")
@@ -499,13 +487,20 @@ class TrainingEvaluator(Evaluator):
     def full_fidelity(self) -> int:
         return self.settings.epochs
 
+    def fidelity_problem(self, fidelity: int) -> str | None:
+        if fidelity > 0:
+            return None
+        return head_fit_problem(objective_for(load_dataset(self.settings.dataset), self.settings.metric))
+
     def check(self, input: FeatureState) -> None:
         dataset = load_dataset(self.settings.dataset)
         try:
             _check_input(dataset, input)
         except EvaluationFailed as exc:
             raise EinspaceError(str(exc)) from None
-        objective_for(dataset, self.settings.metric, self.settings)
+        objective = objective_for(dataset, self.settings.metric, self.settings)
+        if self.settings.epochs == 0 and (problem := head_fit_problem(objective)) is not None:
+            raise EinspaceError(f"evaluator setting epochs: {problem}")
 
     def evaluate(self, checked: CheckedTree, random_seed: int) -> dict[str, float]:
         return self._evaluate(checked, random_seed, None)

@@ -246,6 +246,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ),
     ),
     "workers": ("evaluators/worker.py", (), (*_WORKER_TESTS, "tests/test_mutation_workers.py")),
+    "head fit": ("evaluators/head_fit.py", (), ("tests/test_head_fit.py",)),
     "mutation operators": (
         "einspace/sampling/variation.py",
         (),

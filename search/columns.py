@@ -163,6 +163,11 @@ class Columns:
         text = self.metrics[i]
         return _DECODE(text)[0] if text and text != "{}" else {}
 
+    def parents_of(self, i: int) -> list[int]:
+        """Row i's parents' ids, parsed."""
+        text = self.parents[i]
+        return list(_DECODE(text)[0]) if text else []
+
     def having(self, metric: str) -> list[int]:
         """The rows whose metrics hold `metric`: the text is searched for the key before any row
         is parsed (metrics such as a weight-inheritance share are in a few runs only)."""

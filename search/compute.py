@@ -136,7 +136,8 @@ class ComputeSummary:
     partial: int  # ok results scored before reaching their fidelity
     incumbent_at: float | None  # cumulative compute when the current incumbent finished
     promoted: int = 0  # evaluations of a promoted tree (successive halving)
-    continued: int = 0  # of them, those that trained on from their lower rung's saved state
+    resumable: int = 0  # of them, those from a rung that saves a state (any but 0 epochs)
+    continued: int = 0  # of those, the ones that trained on from their lower rung's saved state
 
     @property
     def wasted_share(self) -> float:
@@ -158,7 +159,9 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
         for i, (o, s) in enumerate(zip(h.origin, h.status, strict=True))
         if o == PROMOTION and s != Status.CACHED
     ]
-    continued = sum(h.metrics_of(i).get("continued_from_epoch", 0) > 0 for i in promoted)
+    fidelity_of = dict(zip(h.id, h.fidelity, strict=True))
+    resumable = [i for i in promoted if fidelity_of.get(next(iter(h.parents_of(i)), None)) != 0]
+    continued = sum(h.metrics_of(i).get("continued_from_epoch", 0) > 0 for i in resumable)
     wasted = sum(c for c, s in zip(h.compute, h.status, strict=True) if s == Status.FAILED)
     return ComputeSummary(
         totals[-1] if totals else 0.0,
@@ -167,6 +170,7 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
         partial,
         None if best is None else totals[best],
         len(promoted),
+        len(resumable),
         continued,
     )
 

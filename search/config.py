@@ -189,7 +189,7 @@ class MultiFidelitySection:
 
     scheduler: str = "none"  # none | successive_halving (einspace.search.successive_halving)
     eta: int = 3  # the best 1/eta of each rung is promoted
-    min_fidelity: int = 1  # the lowest rung (epochs, for the training evaluator)
+    min_fidelity: int = 1  # the lowest rung (epochs, for the training evaluator; 0: untrained)
     max_fidelity: int | None = None  # the top rung; None: the evaluator's own (its epochs)
     rungs: tuple[int, ...] | None = None  # explicit increasing fidelities, instead of min/max/eta
     #: continue (from the lower rung's trained state) | retrain (from scratch); None: continue
@@ -227,6 +227,9 @@ class MultiFidelitySection:
             rungs, key = default_rungs(self.min_fidelity, top, self.eta), "multi_fidelity.max_fidelity"
         if rungs[-1] > full:
             raise ConfigError(f"{source}: {key}: the top rung {rungs[-1]} is above {setting} ({full})")
+        if (problem := evaluator.fidelity_problem(rungs[0])) is not None:
+            low = "multi_fidelity.rungs" if self.rungs is not None else "multi_fidelity.min_fidelity"
+            raise ConfigError(f"{source}: {low}: the lowest rung is {rungs[0]}, and {problem}")
         if len(rungs) < 2:
             raise ConfigError(
                 f"{source}: {key}: min_fidelity {self.min_fidelity} and top rung {rungs[-1]} leave one rung "
@@ -497,9 +500,9 @@ def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
             f"{source}: multi_fidelity.eta must be an integer >= 2 (the best 1/eta of a rung is "
             f"promoted), got {m['eta']!r}"
         )
-    for key in ("min_fidelity", "max_fidelity"):
-        if m[key] is not None and m[key] < 1:
-            raise ConfigError(f"{source}: multi_fidelity.{key} must be a positive integer, got {m[key]!r}")
+    for key, least in (("min_fidelity", 0), ("max_fidelity", 1)):
+        if m[key] is not None and m[key] < least:
+            raise ConfigError(f"{source}: multi_fidelity.{key} must be an integer >= {least}, got {m[key]!r}")
     if m["promotion"] not in (None, *PROMOTIONS):
         known = " or ".join(repr(name) for name in PROMOTIONS)
         raise ConfigError(f"{source}: multi_fidelity.promotion must be {known}, got {m['promotion']!r}")

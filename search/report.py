@@ -113,8 +113,8 @@ def compute_rows(
         n, seconds = s.by_fidelity[fidelity]
         label = "the evaluator's own" if fidelity is None else fidelity
         fidelities.append((f"fidelity {label}", f"{n} evaluated, {seconds:.1f} s"))
-    if s.promoted:
-        fidelities.append(("promotions continued from a saved state", f"{s.continued} of {s.promoted}"))
+    if s.resumable:
+        fidelities.append(("promotions continued from a saved state", f"{s.continued} of {s.resumable}"))
     return rows, fidelities + details
 
 

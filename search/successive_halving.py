@@ -8,6 +8,10 @@ best 1/eta of its rung that has not been promoted, and trains that tree at the n
 when there is none does it ask the wrapped strategy for a new architecture. No rung waits to fill
 up, so every worker stays busy (the asynchronous rule of ASHA, Algorithm 2 of the paper).
 
+A lowest rung at fidelity 0 (the training evaluator's 0 epochs: the untrained network, its head
+fitted in closed form, `einspace.evaluators.head_fit`) screens architectures before any training;
+a promotion from it trains from scratch, as there is no state to go on from.
+
 Seeds (architectures the user trusts) are not screened: a seed that trains at the lowest rung is
 promoted up to the top whatever its rank, so the run knows how it does at full fidelity.
 
@@ -41,7 +45,10 @@ PROMOTION = "promotion"
 
 
 def default_rungs(min_fidelity: int, max_fidelity: int, eta: int) -> list[int]:
-    """min, min·eta, min·eta², ... below max, then max (Hyperband's geometric rungs)."""
+    """min, min·eta, min·eta², ... below max, then max (Hyperband's geometric rungs); from 0:
+    0, then 1, eta, ... (0 epochs is a look at the untrained network)."""
+    if min_fidelity == 0:
+        return [0, *default_rungs(1, max_fidelity, eta)] if max_fidelity > 0 else [0]
     rungs, fidelity = [], min_fidelity
     while fidelity < max_fidelity:
         rungs.append(fidelity)
@@ -51,8 +58,8 @@ def default_rungs(min_fidelity: int, max_fidelity: int, eta: int) -> list[int]:
 
 def rungs_problem(rungs: Sequence[int]) -> str | None:
     """What keeps `rungs` from being successive halving's rungs (None: nothing)."""
-    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in rungs):
-        return "positive integers"
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rungs):
+        return "integers >= 0"
     if len(rungs) < 2 or any(b <= a for a, b in zip(rungs, rungs[1:], strict=False)):
         return "two or more strictly increasing fidelities"
     return None
@@ -146,7 +153,8 @@ class SuccessiveHalving(Strategy):
             level, job = promotion
             self._levels[level].promoted.add(job)
             tree, hash, _ = self._levels[level].results[job]
-            return self._issue(tree, hash, PROMOTION, (job,), self.rungs[level + 1], continues=job)
+            continues = job if self.rungs[level] > 0 else None  # 0 epochs leave no state to go on from
+            return self._issue(tree, hash, PROMOTION, (job,), self.rungs[level + 1], continues=continues)
         proposal = self.base.ask()
         if proposal is None:
             return None

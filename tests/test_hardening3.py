@@ -238,6 +238,7 @@ BAD_TRAINING_SETTINGS: list[tuple[dict, str]] = [
     ({"lrr": 0.1}, "unknown setting 'lrr' for evaluator 'training'; did you mean 'lr'"),
     ({"lr": -1}, "setting lr must be a number >= 0"),
     ({"head_pooling": "median"}, "setting head_pooling must be one of mean, max, got 'median'"),
+    ({"epochs": -1}, "setting epochs must be an integer >= 0, got -1"),
 ]
 
 

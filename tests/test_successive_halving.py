@@ -26,7 +26,7 @@ def fitness(tree: str, fidelity: int) -> float:
     """Deterministic: longer training scores higher; some trees fail (-inf)."""
     if len(tree) % 11 == 0:
         return -math.inf
-    return -abs(len(tree) - 120) / 100 - 1 / fidelity
+    return -abs(len(tree) - 120) / 100 - 1 / (fidelity + 1)
 
 
 def wrapped(
@@ -52,13 +52,22 @@ def drive(s: SuccessiveHalving, in_flight: int = 3, stop_after: int | None = Non
 
 @pytest.mark.parametrize(
     ("low", "high", "eta", "rungs"),
-    [(1, 8, 3, [1, 3, 8]), (1, 9, 3, [1, 3, 9]), (2, 8, 2, [2, 4, 8]), (1, 2, 3, [1, 2]), (4, 4, 3, [4])],
+    [
+        (1, 8, 3, [1, 3, 8]),
+        (1, 9, 3, [1, 3, 9]),
+        (2, 8, 2, [2, 4, 8]),
+        (1, 2, 3, [1, 2]),
+        (4, 4, 3, [4]),
+        (0, 8, 3, [0, 1, 3, 8]),
+        (0, 1, 3, [0, 1]),
+        (0, 0, 3, [0]),
+    ],
 )
 def test_default_rungs_are_geometric_up_to_the_top(low, high, eta, rungs):
     assert default_rungs(low, high, eta) == rungs
 
 
-@pytest.mark.parametrize(("rungs", "eta"), [((1,), 3), ((3, 1), 3), ((1, 1), 3), ((0, 2), 3), ((1, 3), 1)])
+@pytest.mark.parametrize(("rungs", "eta"), [((1,), 3), ((3, 1), 3), ((1, 1), 3), ((-1, 2), 3), ((1, 3), 1)])
 def test_bad_rungs_or_eta_are_refused(rungs, eta):
     with pytest.raises(EinspaceError, match="successive halving needs"):
         wrapped(rungs=rungs, eta=eta)
@@ -99,6 +108,19 @@ def test_promotions_follow_the_asha_rule(name):
         ranked = sorted(first, key=lambda t: (-first[t][0], first[t][1]))
         top = [t for t in ranked[: len(ranked) // s.eta] if math.isfinite(first[t][0])]
         assert set(top) <= {c.tree for c in asked if c.fidelity == high}  # done: none left behind
+
+
+def test_a_rung_at_0_epochs_screens_before_training_and_is_not_continued_from():
+    """Every new architecture is looked at untrained first; its promotion to the first training
+    rung trains from scratch (there is no state at 0 epochs), later promotions go on as before."""
+    s = wrapped(rungs=(0, 1, 3))
+    asked = drive(s)
+    assert all(c.fidelity == 0 for c in asked if c.origin != "promotion")
+    from_0 = [c for c in asked if c.origin == "promotion" and c.fidelity == 1]
+    later = [c for c in asked if c.origin == "promotion" and c.fidelity == 3]
+    assert from_0 and later
+    assert all(c.continues is None for c in from_0)
+    assert all(c.continues == c.parents[0] for c in later)
 
 
 def test_the_wrapped_strategy_hears_only_the_lowest_rung():
@@ -213,7 +235,7 @@ BAD = [
     ({"eta": 1}, "multi_fidelity.eta must be an integer >= 2"),
     ({"rungs": [3, 1]}, "multi_fidelity.rungs must be two or more strictly increasing"),
     ({"rungs": [2]}, "multi_fidelity.rungs must be two or more strictly increasing"),
-    ({"rungs": [1, 2.5]}, "multi_fidelity.rungs must be positive integers"),
+    ({"rungs": [1, 2.5]}, "multi_fidelity.rungs must be integers >= 0"),
     (
         {"rungs": [1, 3, 20]},
         r"multi_fidelity.rungs: the top rung 20 is above evaluator.settings.epochs \(9\)",
@@ -223,7 +245,16 @@ BAD = [
         r"multi_fidelity.max_fidelity: the top rung 12 is above evaluator.settings.epochs",
     ),
     ({"min_fidelity": 9}, "leave one rung"),
-    ({"min_fidelity": 0}, "multi_fidelity.min_fidelity must be a positive integer"),
+    ({"min_fidelity": -1}, "multi_fidelity.min_fidelity must be an integer >= 0, got -1"),
+    ({"max_fidelity": 0}, "multi_fidelity.max_fidelity must be an integer >= 1, got 0"),
+    (
+        {"min_fidelity": 0},
+        "multi_fidelity.min_fidelity: the lowest rung is 0, and evaluator 'test_fidelity' has no fidelity 0",
+    ),
+    (
+        {"rungs": [0, 3, 9]},
+        "multi_fidelity.rungs: the lowest rung is 0, and evaluator 'test_fidelity' has no",
+    ),
     ({"scheduler": "hyperband"}, "multi_fidelity.scheduler must be 'none' or 'successive_halving'"),
     ({"rungs": [1, 3], "max_fidelity": 8}, r"multi_fidelity.max_fidelity 8 disagrees with the top of"),
     ({"promotion": "resume"}, "multi_fidelity.promotion must be 'continue' or 'retrain'"),

@@ -234,8 +234,10 @@ def test_the_optimizer_setting_chooses_every_group_that_param_groups_leaves() ->
 
 
 def test_settings_errors_name_the_setting() -> None:
-    with pytest.raises(EinspaceError, match="setting epochs must be a positive integer"):
-        get_evaluator("training", {"epochs": 0})
+    with pytest.raises(EinspaceError, match="setting epochs must be an integer >= 0, got -1"):
+        get_evaluator("training", {"epochs": -1})
+    with pytest.raises(EinspaceError, match="setting batch_size must be an integer >= 1, got 0"):
+        get_evaluator("training", {"batch_size": 0})
     with pytest.raises(EinspaceError, match="unknown evaluator 'trainig'"):
         get_evaluator("trainig")
 

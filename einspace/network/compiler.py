@@ -50,8 +50,12 @@ class ClassificationHead(nn.Module):
         self.pooling = pooling
         self.linear = nn.Linear(features.shape[0] if image else features.shape[-1], classes)
 
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The pooled features the linear layer reads."""
+        return HEAD_POOLINGS[self.pooling](x, self.pooled)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(HEAD_POOLINGS[self.pooling](x, self.pooled))
+        return self.linear(self.features(x))
 
 
 def check_head_pooling(pooling: object) -> None:

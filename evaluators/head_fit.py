@@ -1,0 +1,86 @@
+"""Fidelity 0 of the training evaluator: the untrained network, its head fitted in closed form.
+
+Multi-fidelity search can look at an architecture before training it at all: a rung at 0 epochs,
+below the first training rung (`multi_fidelity: {min_fidelity: 0}`). The backbone keeps its
+random initialisation; the classification head's linear layer is fitted to a sample of the
+training examples by ridge regression on one-hot targets (in float64, on standardised features,
+which is what makes features of very different scales comparable); the result is the validation
+accuracy of that network, on the same scale as a trained one's. It tells apart networks whose
+random features already separate the classes from those whose features cannot (a network that
+averages every position before anything mixes them is blind to order), for the price of forward
+passes over a sample of the training data: no backward pass, no optimiser. Whether a network
+that passes this look also trains well is the next rung's question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from einspace.evaluators.base import EvaluationFailed
+from einspace.evaluators.objectives import Classification, Objective
+from einspace.network.compiler import ClassificationHead
+
+__all__ = ["FIT_EXAMPLES", "RIDGE", "fit_head", "head_fit_problem"]
+
+#: Training examples the head is fitted on: a sample drawn with the run's data-order generator.
+FIT_EXAMPLES = 1024
+#: The ridge penalty per example, on standardised features (each feature's squared norm is the
+#: number of examples, so this is a fraction of it): enough to keep a fit on more features than
+#: classes from memorising the sample, small against any feature that carries signal.
+RIDGE = 0.01
+
+
+def head_fit_problem(objective: Objective) -> str | None:
+    """Why a network of this objective cannot be scored at 0 epochs (None: it can)."""
+    if isinstance(objective, Classification):
+        return None
+    return (
+        "0 epochs (the untrained network with its head fitted in closed form) needs a "
+        f"classification dataset, and this one's metric is {objective.metric}"
+    )
+
+
+@torch.no_grad()
+def fit_head(
+    network: torch.nn.Module,
+    data: tuple[torch.Tensor, torch.Tensor],
+    objective: Objective,
+    batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    batch_size: int,
+    order: torch.Generator,
+) -> tuple[float, float]:
+    """Set the head's linear layer of `network` (backbone, then a ClassificationHead) to the ridge
+    fit on up to FIT_EXAMPLES rows of `data` drawn with `order`; returns the fitted network's
+    (loss, metric) on them. `batch(x, y, index)` moves rows to the device (`Runtime.batch`). The
+    network runs in eval mode, as it is scored: batch norm at initialisation is the identity."""
+    head = network.head
+    if not isinstance(head, ClassificationHead):
+        raise EvaluationFailed(
+            f"0 epochs needs the classification head, and this network has {type(head).__name__}"
+        )
+    x, y = data
+    rows = torch.randperm(len(y), generator=order)[:FIT_EXAMPLES]
+    network.eval()
+    features, targets = [], []
+    for start in range(0, len(rows), batch_size):
+        xb, yb = batch(x, y, rows[start : start + batch_size])
+        features.append(head.features(network.backbone(xb)).double())
+        targets.append(yb)
+    f, labels = torch.cat(features), torch.cat(targets)
+    if not torch.isfinite(f).all():
+        raise EvaluationFailed("the untrained network's features are not finite: no head can be fitted")
+    mean, scale = f.mean(0), f.std(0, correction=0)
+    scale = torch.where(scale > 1e-12 * (1 + mean.abs()), scale, torch.ones_like(scale))
+    z = (f - mean) / scale
+    onehot = F.one_hot(labels, head.linear.out_features).double()
+    centre = onehot.mean(0)
+    gram = z.T @ z + RIDGE * len(z) * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
+    weights = torch.linalg.solve(gram, z.T @ (onehot - centre))
+    # z @ weights + centre, written as one linear layer on the raw features
+    head.linear.weight.copy_((weights / scale[:, None]).T)
+    head.linear.bias.copy_(centre - (mean / scale) @ weights)
+    logits = head.linear(f.to(head.linear.weight.dtype))
+    return float(objective.loss(logits, labels)), float(objective.metric_sum(logits, labels)) / len(labels)

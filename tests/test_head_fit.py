@@ -1,0 +1,146 @@
+"""Fidelity 0 of the training evaluator: the untrained network, its head fitted in closed form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from search_helpers import experiment
+from test_head_pooling import LINEAR_CONV, _order_task
+
+from einspace import compile_network, load_grammar, parse_tree
+from einspace.errors import EinspaceError
+from einspace.evaluators.base import EvaluationFailed, Task, get_evaluator, run_task
+from einspace.evaluators.head_fit import FIT_EXAMPLES, RIDGE, fit_head
+from einspace.evaluators.objectives import Classification
+from einspace.evaluators.training import TrainingSettings
+from einspace.search.compute import summarise
+from einspace.search.loop import SearchRun
+from einspace.state import input_state
+
+PAPER = load_grammar("einspace")
+CONV_ACT = "(S (M (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=16))) (R2 col2im)) (M (C leaky_relu)))"
+
+
+def _rows(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x[index], y[index]
+
+
+def _ridge_by_numpy(features: np.ndarray, labels: np.ndarray, classes: int) -> np.ndarray:
+    """The ridge fit's predictions, solved as an augmented least-squares problem (another solver
+    than the module's normal equations): standardised features, centred one-hot targets."""
+    mean, scale = features.mean(0), features.std(0)
+    z = (features - mean) / scale
+    onehot = np.eye(classes)[labels]
+    centre = onehot.mean(0)
+    n, d = z.shape
+    a = np.vstack([z, np.sqrt(RIDGE * n) * np.eye(d)])
+    b = np.vstack([onehot - centre, np.zeros((d, classes))])
+    weights = np.linalg.lstsq(a, b, rcond=None)[0]
+    return z @ weights + centre
+
+
+@pytest.mark.parametrize("pooling, axes", [("mean", (2, 3)), ("max", (2, 3))])
+def test_the_head_is_the_ridge_fit_of_the_pooled_features(pooling: str, axes: tuple) -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(200, 3, 6, 6), torch.randint(0, 4, (200,))
+    network = compile_network(parse_tree(CONV_ACT), input_state((3, 6, 6)), 4, PAPER, pooling=pooling)
+    before = {k: v.clone() for k, v in network.backbone.state_dict().items()}
+    loss, accuracy = fit_head(network, (x, y), Classification(4), _rows, 64, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        maps = network.backbone(x).double().numpy()
+        logits = network(x).double().numpy()
+    features = maps.mean(axes) if pooling == "mean" else maps.max(axes)
+    np.testing.assert_allclose(logits, _ridge_by_numpy(features, y.numpy(), 4), atol=2e-4)
+    assert accuracy == pytest.approx(float((logits.argmax(1) == y.numpy()).mean()))
+    expected_loss = torch.nn.functional.cross_entropy(torch.from_numpy(logits), y).item()
+    assert loss == pytest.approx(expected_loss, abs=1e-4)
+    after = network.backbone.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the backbone stays untrained
+
+
+def test_the_fit_uses_a_seeded_sample_of_fit_examples() -> None:
+    """More examples than FIT_EXAMPLES: the head is fitted on a sample that the generator picks,
+    so two generators of one seed give one head, and another seed another."""
+    torch.manual_seed(0)
+    x, y = torch.randn(FIT_EXAMPLES + 300, 3, 4, 4), torch.randint(0, 3, (FIT_EXAMPLES + 300,))
+
+    def head(seed: int) -> torch.Tensor:
+        torch.manual_seed(1)
+        network = compile_network(parse_tree(CONV_ACT), input_state((3, 4, 4)), 3, PAPER)
+        fit_head(network, (x, y), Classification(3), _rows, 256, torch.Generator().manual_seed(seed))
+        return network.head.linear.weight.detach().clone()
+
+    assert torch.equal(head(0), head(0)) and not torch.equal(head(0), head(5))
+
+
+def test_features_that_are_not_finite_fail_with_a_reason() -> None:
+    network = compile_network(parse_tree(CONV_ACT), input_state((3, 4, 4)), 3, PAPER)
+    x, y = torch.full((10, 3, 4, 4), float("inf")), torch.zeros(10, dtype=torch.long)
+    with pytest.raises(EvaluationFailed, match="features are not finite"):
+        fit_head(network, (x, y), Classification(3), _rows, 8, torch.Generator())
+
+
+def test_0_epochs_scores_the_untrained_network_with_its_fitted_head(tmp_path: Path) -> None:
+    """Through the evaluator: no step trained, the validation accuracy of the fitted network as
+    the fitness. On a task whose classes differ only in order, a linear convolution pooled by the
+    mean is blind at once (chance), a convolution and a rectifier pooled by the max is not."""
+    settings = {"dataset": _order_task(tmp_path / "order.npz"), "epochs": 0, "threads": 1, "device": "cpu"}
+    scores = {}
+    for tree, pooling in ((LINEAR_CONV, "mean"), (CONV_ACT, "max")):
+        task = Task(tree, "einspace", (2, 1, 24), "training", {**settings, "head_pooling": pooling})
+        result = run_task(task)
+        assert result.ok, result.error
+        assert result.cost.epochs == 0 and result.cost.steps == 0
+        assert result.fitness == result.metrics["valid_accuracy"]
+        assert run_task(task).fitness == result.fitness  # seeded: the same again
+        scores[pooling] = result.fitness
+    assert scores["mean"] < 0.65 and scores["max"] > 0.9, scores
+
+
+def test_epochs_below_0_and_0_epochs_on_regression_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(EinspaceError, match="setting epochs must be an integer >= 0, got -1"):
+        TrainingSettings(epochs=-1)
+    rng = np.random.default_rng(0)
+    arrays = {f"{s}_x": rng.normal(size=(8, 1, 4, 4)).astype(np.float32) for s in ("train", "valid", "test")}
+    arrays |= {f"{s}_y": 2 * arrays[f"{s}_x"] for s in ("train", "valid", "test")}
+    np.savez(tmp_path / "dense.npz", **arrays)
+    evaluator = get_evaluator("training", {"dataset": str(tmp_path / "dense.npz"), "epochs": 0})
+    with pytest.raises(EinspaceError, match="epochs: 0 epochs .* needs a classification dataset"):
+        evaluator.check(input_state((1, 4, 4)))
+    trained = get_evaluator("training", {"dataset": str(tmp_path / "dense.npz")})
+    assert "needs a classification dataset" in trained.fidelity_problem(0)
+    assert trained.fidelity_problem(1) is None
+    assert "has no fidelity 0" in get_evaluator("naswot").fidelity_problem(0)
+
+
+def test_a_search_looks_at_every_architecture_untrained_first(tmp_path: Path) -> None:
+    """`min_fidelity: 0`: rungs 0, 1, 2 epochs. New architectures are scored untrained; a promotion
+    from 0 trains from scratch, one from 1 goes on from the saved state, and the report counts only
+    the latter as promotions that could continue."""
+    settings = {"dataset": "digits", "batch_size": 64, "threads": 1, "device": "cpu", "epochs": 2}
+    e = experiment(
+        tmp_path,
+        input={"shape": [1, 8, 8]},
+        limits={"max_depth": 10, "max_nodes": 40, "max_params": 20000},
+        evaluator={"name": "training", "settings": settings},
+        strategy={"name": "random_search", "settings": {"evaluations": 12}},
+        multi_fidelity={"scheduler": "successive_halving", "eta": 3, "min_fidelity": 0},
+    )
+    assert e.multi_fidelity.rungs == (0, 1, 2)
+    with SearchRun.start(e) as run:
+        assert run.run(e.make_executor()).finished
+        history = run.store.history()
+    by_id = {r.id: r for r in history}
+    new = [r for r in history if r.origin != "promotion" and r.status == "ok"]
+    assert len(new) >= 10 and all(r.fidelity == 0 and r.cost["epochs"] == 0 for r in new)
+    promoted = [r for r in history if r.origin == "promotion" and r.status == "ok"]
+    from_0 = [r for r in promoted if by_id[r.parents[0]].fidelity == 0]
+    from_1 = [r for r in promoted if by_id[r.parents[0]].fidelity == 1]
+    assert from_0 and from_1
+    assert all(r.fidelity == 1 and r.cost["epochs"] == 1 for r in from_0)
+    assert all(r.metrics["continued_from_epoch"] == 1 and r.cost["epochs"] == 1 for r in from_1)
+    summary = summarise(history)
+    assert summary.promoted == len(promoted) and summary.resumable == summary.continued == len(from_1)
