@@ -42,10 +42,14 @@ def _ridge_by_numpy(features: np.ndarray, labels: np.ndarray, classes: int) -> n
     return z @ weights + centre
 
 
-@pytest.mark.parametrize("pooling, axes", [("mean", (2, 3)), ("max", (2, 3))])
-def test_the_head_is_the_ridge_fit_of_the_pooled_features(pooling: str, axes: tuple) -> None:
+@pytest.mark.parametrize(
+    "pooling, axes, n", [("mean", (2, 3), 200), ("max", (2, 3), 200), ("mean", (2, 3), 9)]
+)
+def test_the_head_is_the_ridge_fit_of_the_pooled_features(pooling: str, axes: tuple, n: int) -> None:
+    """Against numpy's least squares on the augmented system; 9 examples (fewer than features)
+    make the standardisation's divisor (n, not n - 1) visible."""
     torch.manual_seed(0)
-    x, y = torch.randn(200, 3, 6, 6), torch.randint(0, 4, (200,))
+    x, y = torch.randn(n, 3, 6, 6), torch.arange(n) % 4
     network = compile_network(parse_tree(CONV_ACT), input_state((3, 6, 6)), 4, PAPER, pooling=pooling)
     before = {k: v.clone() for k, v in network.backbone.state_dict().items()}
     loss, accuracy = fit_head(network, (x, y), Classification(4), _rows, 64, torch.Generator().manual_seed(0))
@@ -76,10 +80,28 @@ def test_the_fit_uses_a_seeded_sample_of_fit_examples() -> None:
     assert torch.equal(head(0), head(0)) and not torch.equal(head(0), head(5))
 
 
-def test_features_that_are_not_finite_fail_with_a_reason() -> None:
+def test_a_class_missing_from_the_sample_gets_a_head_row_too() -> None:
+    """Labels 0 and 1 only, of 4 classes: the head keeps its 4 outputs, the absent classes'
+    rows fitted to 0, so they are never predicted."""
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 3, 4, 4), torch.arange(40) % 2
+    network = compile_network(parse_tree(CONV_ACT), input_state((3, 4, 4)), 4, PAPER)
+    fit_head(network, (x, y), Classification(4), _rows, 16, torch.Generator())
+    assert network.head.linear.weight.shape == (4, 16)
+    assert torch.all(network.head.linear.weight[2:] == 0) and torch.all(network.head.linear.bias[2:] == 0)
+    with torch.no_grad():
+        assert set(network(x).argmax(1).tolist()) <= {0, 1}
+
+
+def test_features_that_are_not_finite_or_another_head_fail_with_a_reason() -> None:
     network = compile_network(parse_tree(CONV_ACT), input_state((3, 4, 4)), 3, PAPER)
     x, y = torch.full((10, 3, 4, 4), float("inf")), torch.zeros(10, dtype=torch.long)
-    with pytest.raises(EvaluationFailed, match="features are not finite"):
+    with pytest.raises(EvaluationFailed, match="^the untrained network's features are not finite: no head"):
+        fit_head(network, (x, y), Classification(3), _rows, 8, torch.Generator())
+    network.head = torch.nn.Flatten()
+    with pytest.raises(
+        EvaluationFailed, match="^0 epochs needs the classification head, and this network has Flatten$"
+    ):
         fit_head(network, (x, y), Classification(3), _rows, 8, torch.Generator())
 
 
