@@ -498,8 +498,8 @@ class TrainingEvaluator(Evaluator):
             _check_input(dataset, input)
         except EvaluationFailed as exc:
             raise EinspaceError(str(exc)) from None
-        objective = objective_for(dataset, self.settings.metric, self.settings)
-        if self.settings.epochs == 0 and (problem := head_fit_problem(objective)) is not None:
+        objective_for(dataset, self.settings.metric, self.settings)
+        if (problem := self.fidelity_problem(self.settings.epochs)) is not None:
             raise EinspaceError(f"evaluator setting epochs: {problem}")
 
     def evaluate(self, checked: CheckedTree, random_seed: int) -> dict[str, float]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from search_helpers import experiment
-from test_head_pooling import LINEAR_CONV, _order_task
+from test_head_pooling import LINEAR_CONV, order_task
 
 from einspace import compile_network, load_grammar, parse_tree
 from einspace.errors import EinspaceError
@@ -109,7 +109,7 @@ def test_0_epochs_scores_the_untrained_network_with_its_fitted_head(tmp_path: Pa
     """Through the evaluator: no step trained, the validation accuracy of the fitted network as
     the fitness. On a task whose classes differ only in order, a linear convolution pooled by the
     mean is blind at once (chance), a convolution and a rectifier pooled by the max is not."""
-    settings = {"dataset": _order_task(tmp_path / "order.npz"), "epochs": 0, "threads": 1, "device": "cpu"}
+    settings = {"dataset": order_task(tmp_path / "order.npz"), "epochs": 0, "threads": 1, "device": "cpu"}
     scores = {}
     for tree, pooling in ((LINEAR_CONV, "mean"), (CONV_ACT, "max")):
         task = Task(tree, "einspace", (2, 1, 24), "training", {**settings, "head_pooling": pooling})

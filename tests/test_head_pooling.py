@@ -87,7 +87,7 @@ def test_an_exported_max_head_computes_what_the_network_does(shape: tuple) -> No
         torch.testing.assert_close(model.eval()(x), network.eval()(x))
 
 
-def _order_task(path: Path, seed: int = 0) -> str:
+def order_task(path: Path, seed: int = 0) -> str:
     """Two classes of 1x24 sequences of 2 channels: part a then part b, or b then a, at a random
     position on weak noise. Both classes hold the same values; only their order differs."""
     rng = np.random.default_rng(seed)
@@ -107,7 +107,7 @@ def _order_task(path: Path, seed: int = 0) -> str:
 def test_a_max_head_learns_an_order_that_the_mean_head_cannot_see(tmp_path: Path) -> None:
     """The reason for the setting: a linear convolution pooled by the mean is blind to the order
     of the parts (chance), pooled by the max it tells them apart."""
-    settings = {"dataset": _order_task(tmp_path / "order.npz"), "epochs": 15, "batch_size": 50}
+    settings = {"dataset": order_task(tmp_path / "order.npz"), "epochs": 15, "batch_size": 50}
     settings |= {"optimizer": "adam", "lr": 0.01, "threads": 1, "device": "cpu"}
     scores = {}
     for pooling in ("mean", "max"):
@@ -169,7 +169,7 @@ def test_einspace_evaluate_retrains_with_the_head_pooling_asked_for(tmp_path: Pa
     from einspace.cli import main
 
     (tmp_path / "conv.tree").write_text(LINEAR_CONV + "\n")
-    dataset = _order_task(tmp_path / "order.npz")
+    dataset = order_task(tmp_path / "order.npz")
     base = ["evaluate", str(tmp_path / "conv.tree"), "--dataset", dataset, "--epochs", "15", "--json"]
     base += ["--batch-size", "50", "--device", "cpu"]
     scores = {}
