@@ -22,6 +22,9 @@ have spent it. Methods, each from scratch and seeded:
 - RE+SH0, RE+SH0+S (from scratch only): RE+SH (RE+SH+S) with a rung at 0 epochs below the
           first: every new architecture is first scored untrained, its head fitted in closed
           form (`min_fidelity: 0`; einspace.evaluators.head_fit), and only the best third trains.
+- RE+SH+H, RE+SH0+H (from scratch only): RE+SH (RE+SH0) where RE also hears each promotion's
+          result (`strategy_fitness: highest_rung`): a member's fitness is its result at the
+          highest rung it reached, and tournaments prefer members that reached a higher rung.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -246,6 +249,7 @@ class Method:
     mutations: tuple[tuple[str, float], ...] = ()  # mutation operators' weights (none: the paper's)
     transfer: tuple[str, ...] = ()  # the surrogate starts from these methods' searches on TRANSFER_SOURCE
     first_rung: int = 1  # successive halving's lowest rung: 0 looks at the untrained network first
+    strategy_fitness: str = "lowest_rung"  # highest_rung: RE hears promotions' results too
 
     @property
     def everything(self) -> bool:
@@ -264,6 +268,8 @@ METHODS = {
     "RE+SH+M": Method("regularised_evolution", halving=True, mutations=MUTATIONS),
     "RE+SH0": Method("regularised_evolution", halving=True, first_rung=0),
     "RE+SH0+S": Method("regularised_evolution", halving=True, screen=SCREEN, first_rung=0),
+    "RE+SH+H": Method("regularised_evolution", halving=True, strategy_fitness="highest_rung"),
+    "RE+SH0+H": Method("regularised_evolution", halving=True, first_rung=0, strategy_fitness="highest_rung"),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
@@ -343,7 +349,17 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
         "strategy": {"name": method.strategy, "settings": strategy},
         "seeds": [task.seed] if method.seeded else [],
         "executor": executor,
-        **({"multi_fidelity": {**HALVING, "min_fidelity": method.first_rung}} if method.halving else {}),
+        **(
+            {
+                "multi_fidelity": {
+                    **HALVING,
+                    "min_fidelity": method.first_rung,
+                    "strategy_fitness": method.strategy_fitness,
+                }
+            }
+            if method.halving
+            else {}
+        ),
         **({"warm_start": list(warm_start)} if warm_start else {}),
     }
 

@@ -195,6 +195,8 @@ class MultiFidelitySection:
     #: continue (from the lower rung's trained state) | retrain (from scratch); None: continue
     #: where the evaluator can
     promotion: str | None = None
+    #: what the strategy hears: lowest_rung | highest_rung (einspace.search.successive_halving)
+    strategy_fitness: str = "lowest_rung"
 
     def _enabled(self) -> bool:
         return self.scheduler != "none"
@@ -382,7 +384,7 @@ class Experiment:
             return strategy
         if m.rungs is None:
             raise EinspaceError("the multi_fidelity rungs are not resolved: check the experiment first")
-        return SuccessiveHalving(strategy, m.rungs, m.eta)
+        return SuccessiveHalving(strategy, m.rungs, m.eta, m.strategy_fitness)
 
     def task(  # noqa: ANN201 - Task
         self, tree: str, fidelity: int | None = None, continuation: Any = None, inheritance: Any = None
@@ -490,11 +492,13 @@ def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> None:
 def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
     """The scheduler's name and numbers, before anything is loaded (their fit to the evaluator's
     fidelity is `MultiFidelitySection.resolved`)."""
-    from einspace.search.successive_halving import rungs_problem
+    from einspace.search.successive_halving import STRATEGY_FITNESS, rungs_problem
 
-    if m["scheduler"] not in SCHEDULERS:
-        known = " or ".join(repr(name) for name in SCHEDULERS)
-        raise ConfigError(f"{source}: multi_fidelity.scheduler must be {known}, got {m['scheduler']!r}")
+    choices = {"scheduler": SCHEDULERS, "promotion": PROMOTIONS, "strategy_fitness": STRATEGY_FITNESS}
+    for key, names in choices.items():
+        if m[key] not in names and m[key] is not None:  # None: promotion resolved later
+            known = " or ".join(repr(name) for name in names)
+            raise ConfigError(f"{source}: multi_fidelity.{key} must be {known}, got {m[key]!r}")
     if m["eta"] < 2:
         raise ConfigError(
             f"{source}: multi_fidelity.eta must be an integer >= 2 (the best 1/eta of a rung is "
@@ -503,9 +507,6 @@ def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
     for key, least in (("min_fidelity", 0), ("max_fidelity", 1)):
         if m[key] is not None and m[key] < least:
             raise ConfigError(f"{source}: multi_fidelity.{key} must be an integer >= {least}, got {m[key]!r}")
-    if m["promotion"] not in (None, *PROMOTIONS):
-        known = " or ".join(repr(name) for name in PROMOTIONS)
-        raise ConfigError(f"{source}: multi_fidelity.promotion must be {known}, got {m['promotion']!r}")
     rungs = m["rungs"]
     if rungs is not None and (problem := rungs_problem(rungs)) is not None:
         raise ConfigError(f"{source}: multi_fidelity.rungs must be {problem}, got {rungs!r}")

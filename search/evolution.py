@@ -43,6 +43,10 @@ class RegularisedEvolution(Strategy):
     before (a repeat would only be served from the cache). The initial population's samples are
     screened the same way once the surrogate is ready: from the first candidate when it is
     warm-started from earlier runs (`einspace.search.warm_start`), each the best of k samples.
+
+    Inside successive halving that passes on later rungs (`hear_promotion`), a member's fitness
+    becomes its result at the highest rung it reached, and a member that reached a higher rung wins
+    any tournament against one that did not: promotion is a judgment made with more training.
     """
 
     name = "regularised_evolution"
@@ -77,6 +81,7 @@ class RegularisedEvolution(Strategy):
         self.crossover = float(crossover)
         # (id, tree text, fitness), oldest first: the list order *is* the age.
         self.population: list[tuple[int, str, float]] = []
+        self.rung_of: dict[int, int] = {}  # member id -> the rung its fitness is from, where above 0
 
     def _propose(self) -> tuple[Node, str, tuple[int, ...]] | None:
         if self.next_id < self.population_size:
@@ -134,14 +139,22 @@ class RegularisedEvolution(Strategy):
         return {i for i, _, _ in self.population}
 
     def _tournament(self) -> tuple[int, str, float]:
-        """The fittest of S uniform draws (ties: the first drawn)."""
-        best = None
+        """The fittest of S uniform draws, the highest rung first (ties: the first drawn)."""
+        best, best_key = None, None
         for _ in range(self.tournament_size):
             contender = self.rng.choice(self.population)
-            if best is None or contender[2] > best[2]:
-                best = contender
+            key = (self.rung_of.get(contender[0], 0), contender[2])
+            if best_key is None or key > best_key:
+                best, best_key = contender, key
         assert best is not None
         return best
+
+    def hear_promotion(self, candidate_id: int, rung: int, fitness: float) -> None:
+        """A living member's result at a higher rung replaces its fitness; the dead are gone."""
+        for i, (member, tree, _) in enumerate(self.population):
+            if member == candidate_id and rung >= self.rung_of.get(member, 0):
+                self.population[i] = (member, tree, float(fitness))
+                self.rung_of[member] = rung
 
     def _features_of(self, tree: Node, checked: CheckedTree | None = None) -> dict[str, float]:
         return tree_features(tree, self.space.grammar, self.space.input, checked)
@@ -157,12 +170,15 @@ class RegularisedEvolution(Strategy):
                 self.surrogate.pairs.append((self._predicted.pop(candidate.id), fitness))
         self.population.append((candidate.id, candidate.tree, fitness))
         if len(self.population) > self.population_size:
-            self.forget(self.population.pop(0)[0])
+            dead = self.population.pop(0)[0]
+            self.forget(dead)
+            self.rung_of.pop(dead, None)
 
     def _extra_state(self) -> dict[str, Any]:
         # -inf is not JSON: failed individuals are stored with fitness null.
         state: dict[str, Any] = {
-            "population": [[i, t, None if f == float("-inf") else f] for i, t, f in self.population]
+            "population": [[i, t, None if f == float("-inf") else f] for i, t, f in self.population],
+            "rung_of": sorted(self.rung_of.items()),
         }
         if self.surrogate is not None:
             predicted = sorted(self._predicted.items())
@@ -174,6 +190,7 @@ class RegularisedEvolution(Strategy):
         self.population = [
             (int(i), t, float("-inf") if f is None else float(f)) for i, t, f in state["population"]
         ]
+        self.rung_of = {int(i): int(r) for i, r in state.get("rung_of", [])}  # absent before 2026-11
         self._features = {}  # features are recomputed from the trees when needed
         if self.surrogate is not None:
             saved = state.get("surrogate")

@@ -125,6 +125,8 @@ class Strategy(ABC):
       is an error. `partial`: the result was scored before reaching its fidelity (a time budget
       stopped training); the built-in strategies take its fitness as it is (the shorter training
       already lowers it), and successive halving never promotes it.
+    - `hear_promotion(id, rung, fitness)` may follow a `tell`: the same tree's result after more
+      training (successive halving's higher rungs, where the experiment asks for it).
     - `pending()` lists the asked-but-untold candidates (to re-queue after a crash).
     - `done` is true when the budget is used up and nothing is pending.
     - `live_parents()` names the told candidates it may still vary (none, unless it varies).
@@ -187,6 +189,11 @@ class Strategy(ABC):
 
     def tell(self, candidate_id: int, fitness: float, partial: bool = False) -> None:
         self._observe(self._take_pending(candidate_id), float(fitness))
+
+    def hear_promotion(self, candidate_id: int, rung: int, fitness: float) -> None:  # noqa: B027
+        """A later result of a told candidate: successive halving trained its tree on to rung index
+        `rung` (1 or more), where it scored `fitness` (`multi_fidelity.strategy_fitness:
+        highest_rung`). Strategies that choose nothing by fitness ignore it."""
 
     def _take_pending(self, candidate_id: int) -> Candidate:
         """The pending candidate `candidate_id`, no longer pending (an error if it was not)."""

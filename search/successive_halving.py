@@ -15,8 +15,11 @@ a promotion from it trains from scratch, as there is no state to go on from.
 Seeds (architectures the user trusts) are not screened: a seed that trains at the lowest rung is
 promoted up to the top whatever its rank, so the run knows how it does at full fidelity.
 
-What the wrapped strategy hears: the lowest rung's result of each architecture it proposed, a
-fitness all its architectures share, so regularised evolution's tournaments compare like with like.
+What the wrapped strategy hears (`strategy_fitness`): by default (`lowest_rung`) the lowest rung's
+result of each architecture it proposed, a fitness all its architectures share, so regularised
+evolution's tournaments compare like with like. With `highest_rung` it also hears each promotion's
+result (`Strategy.hear_promotion`), so that it can prefer what earned more training: where the
+lowest rung is only a look at the untrained network, the architectures that went on to train well.
 Higher rungs decide what the run reports as its best (`einspace.search.compute.incumbent`).
 
 Every rung's result is its own evaluation in the store (origin "promotion", the lower rung's
@@ -38,10 +41,14 @@ from typing import Any
 from einspace.errors import EinspaceError
 from einspace.search.strategy import Candidate, Strategy
 
-__all__ = ["PROMOTION", "SuccessiveHalving", "default_rungs", "rungs_problem"]
+__all__ = ["PROMOTION", "STRATEGY_FITNESS", "SuccessiveHalving", "default_rungs", "rungs_problem"]
 
 #: The origin of an evaluation that trains an earlier one's tree at the next rung.
 PROMOTION = "promotion"
+
+#: What the wrapped strategy hears of an architecture: its lowest rung's result only, or also
+#: each result of its promotions.
+STRATEGY_FITNESS = ("lowest_rung", "highest_rung")
 
 
 def default_rungs(min_fidelity: int, max_fidelity: int, eta: int) -> list[int]:
@@ -128,12 +135,20 @@ class SuccessiveHalving(Strategy):
 
     name = "successive_halving"
 
-    def __init__(self, base: Strategy, rungs: Sequence[int], eta: int = 3):
+    def __init__(
+        self, base: Strategy, rungs: Sequence[int], eta: int = 3, strategy_fitness: str = "lowest_rung"
+    ):
         if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
             raise EinspaceError(f"successive halving needs an integer eta >= 2, got {eta!r}")
         if (problem := rungs_problem(rungs)) is not None:
             raise EinspaceError(f"successive halving needs rungs that are {problem}, got {list(rungs)}")
+        if strategy_fitness not in STRATEGY_FITNESS:
+            known = " or ".join(map(repr, STRATEGY_FITNESS))
+            raise EinspaceError(
+                f"successive halving's strategy_fitness must be {known}, got {strategy_fitness!r}"
+            )
         self.base, self.rungs, self.eta = base, list(rungs), eta
+        self.strategy_fitness = strategy_fitness
         self.space, self.evaluations = base.space, base.evaluations
         self.reports_mean = base.reports_mean
         self.next_id = 0
@@ -144,6 +159,8 @@ class SuccessiveHalving(Strategy):
     def _reset(self) -> None:
         self._levels = [_Rung() for _ in self.rungs]
         self._job_of_base: dict[int, int] = {}  # the wrapped strategy's id -> the job at the lowest rung
+        # job -> the wrapped strategy's id of its tree: jobs in flight, and (highest_rung) results
+        # that may be promoted
         self._base_of_job: dict[int, int] = {}
 
     # ---------------------------------------------------------------- the contract
@@ -154,7 +171,10 @@ class SuccessiveHalving(Strategy):
             self._levels[level].promoted.add(job)
             tree, hash, _ = self._levels[level].results[job]
             continues = job if self.rungs[level] > 0 else None  # 0 epochs leave no state to go on from
-            return self._issue(tree, hash, PROMOTION, (job,), self.rungs[level + 1], continues=continues)
+            candidate = self._issue(tree, hash, PROMOTION, (job,), self.rungs[level + 1], continues=continues)
+            if (base_id := self._base_of_job.get(job)) is not None:
+                self._base_of_job[candidate.id] = base_id
+            return candidate
         proposal = self.base.ask()
         if proposal is None:
             return None
@@ -199,8 +219,12 @@ class SuccessiveHalving(Strategy):
             rung = self._levels[level]
             rung.add(candidate.id, candidate.tree, candidate.hash, float(fitness), promotable, favoured)
         base_id = self._base_of_job.pop(candidate.id, None)
-        if base_id is not None:
-            self.base.tell(base_id, fitness, partial=partial)
+        if self.strategy_fitness == "highest_rung" and base_id is not None and level + 1 < len(self.rungs):
+            self._base_of_job[candidate.id] = base_id  # its promotion's result goes to the same id
+        if candidate.origin != PROMOTION:
+            self.base.tell(base_id, fitness, partial=partial)  # type: ignore[arg-type]
+        elif base_id is not None and not partial and math.isfinite(fitness):
+            self.base.hear_promotion(base_id, level, float(fitness))
 
     @property
     def done(self) -> bool:
@@ -232,6 +256,7 @@ class SuccessiveHalving(Strategy):
             "version": self.state_version,
             "rungs": self.rungs,
             "eta": self.eta,
+            "strategy_fitness": self.strategy_fitness,
             "next_id": self.next_id,
             "pending": [c.to_json() for c in self.pending()],
             "levels": [level.to_json() for level in self._levels],
@@ -246,10 +271,12 @@ class SuccessiveHalving(Strategy):
                 f"checkpoint is for strategy {state.get('strategy')!r} version {state.get('version')}, "
                 f"not {self.name!r} version {self.state_version} (was successive halving switched on?)"
             )
-        if state["rungs"] != self.rungs or state["eta"] != self.eta:
+        saved = (state["rungs"], state["eta"], state.get("strategy_fitness", "lowest_rung"))
+        if saved != (self.rungs, self.eta, self.strategy_fitness):
             raise EinspaceError(
-                f"checkpoint has rungs {state['rungs']} and eta {state['eta']}, "
-                f"not {self.rungs} and {self.eta}"
+                "checkpoint has rungs {}, eta {} and strategy_fitness {!r}, not {}, {} and {!r}".format(
+                    *saved, self.rungs, self.eta, self.strategy_fitness
+                )
             )
         self.base.load_state_dict(state["base"])
         self.next_id = int(state["next_id"])

@@ -117,6 +117,7 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
             "max_fidelity": None,
             "rungs": None,
             "promotion": None,
+            "strategy_fitness": "lowest_rung",
         },
         "multi_objective": {"objectives": [], "constraints": [], "reference": None, "batch_size": 1},
         "executor": {

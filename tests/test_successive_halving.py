@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import pytest
 import yaml
@@ -30,13 +31,29 @@ def fitness(tree: str, fidelity: int) -> float:
 
 
 def wrapped(
-    name: str = "regularised_evolution", seed: int = 0, rungs=(1, 3, 9), eta: int = 3
+    name: str = "regularised_evolution",
+    seed: int = 0,
+    rungs=(1, 3, 9),
+    eta: int = 3,
+    strategy_fitness: str = "lowest_rung",
 ) -> SuccessiveHalving:
     settings = RE if name == "regularised_evolution" else {"evaluations": 30}
-    return SuccessiveHalving(get_strategy(name, SPACE, seed, settings), rungs, eta)
+    return SuccessiveHalving(get_strategy(name, SPACE, seed, settings), rungs, eta, strategy_fitness)
 
 
-def drive(s: SuccessiveHalving, in_flight: int = 3, stop_after: int | None = None, partial=lambda c: False):
+def falling(tree: str, fidelity: int) -> float:
+    """Like `fitness` at the lowest rung, lower at every rung above: only the rung a member
+    reached keeps it ahead in tournaments (strategy_fitness highest_rung)."""
+    return fitness(tree, 1) - fidelity
+
+
+def drive(
+    s: SuccessiveHalving,
+    in_flight: int = 3,
+    stop_after: int | None = None,
+    partial=lambda c: False,
+    score=fitness,
+):
     """Ask/tell with up to `in_flight` outstanding, oldest told first; returns the asked candidates."""
     asked, outstanding = [], list(s.pending())
     while not s.done and (stop_after is None or len(asked) < stop_after):
@@ -46,7 +63,7 @@ def drive(s: SuccessiveHalving, in_flight: int = 3, stop_after: int | None = Non
         if not outstanding:
             break
         c = outstanding.pop(0)
-        s.tell(c.id, fitness(c.tree, c.fidelity), partial=partial(c))
+        s.tell(c.id, score(c.tree, c.fidelity), partial=partial(c))
     return asked
 
 
@@ -71,6 +88,13 @@ def test_default_rungs_are_geometric_up_to_the_top(low, high, eta, rungs):
 def test_bad_rungs_or_eta_are_refused(rungs, eta):
     with pytest.raises(EinspaceError, match="successive halving needs"):
         wrapped(rungs=rungs, eta=eta)
+
+
+def test_an_unknown_strategy_fitness_is_refused():
+    with pytest.raises(
+        EinspaceError, match="strategy_fitness must be 'lowest_rung' or 'highest_rung', got 'best'"
+    ):
+        wrapped(strategy_fitness="best")
 
 
 @pytest.mark.parametrize("name", ["regularised_evolution", "random_search"])
@@ -134,6 +158,49 @@ def test_the_wrapped_strategy_hears_only_the_lowest_rung():
     assert any(c.fidelity == 9 for c in asked)
 
 
+@pytest.mark.parametrize("strategy_fitness", ["lowest_rung", "highest_rung"])
+def test_with_highest_rung_a_member_holds_its_result_at_the_highest_rung_it_reached(strategy_fitness):
+    """highest_rung: each living member's fitness is its tree's result at the highest rung that
+    tree reached, and the rung is kept; lowest_rung: the lowest rung's result, nothing else heard."""
+    s = wrapped(strategy_fitness=strategy_fitness)
+    asked = drive(s)
+    proposals = Counter(c.tree for c in asked if c.origin != "promotion")
+    reached = {}  # tree -> the highest fidelity it was trained at
+    for c in asked:
+        reached[c.tree] = max(reached.get(c.tree, 0), c.fidelity)
+    members = [(i, t, f) for i, t, f in s.base.population if proposals[t] == 1 and math.isfinite(f)]
+    assert members
+    for i, tree, f in members:
+        top = reached[tree] if strategy_fitness == "highest_rung" else 1
+        assert f == fitness(tree, top)
+        assert s.base.rung_of.get(i, 0) == s.rungs.index(top)
+    promoted_members = [i for i, t, _ in members if reached[t] > 1]
+    assert promoted_members  # the run promoted some of the living
+    assert bool(s.base.rung_of) == (strategy_fitness == "highest_rung")
+    assert set(s.base.rung_of) <= {i for i, _, _ in s.base.population}  # the dead are forgotten
+
+
+def test_a_member_that_reached_a_higher_rung_wins_the_tournament_whatever_its_fitness():
+    """A member heard at rung 1 beats one at the lowest rung with a higher fitness; a promotion
+    of a member that died changes nothing."""
+    re = get_strategy(
+        "regularised_evolution", SPACE, 0, {"evaluations": 30, "population": 2, "tournament": 40}
+    )
+    first = [re.ask(), re.ask()]
+    re.tell(first[0].id, 0.9)
+    re.tell(first[1].id, 0.1)
+    children = [re.ask() for _ in range(3)]
+    assert {c.parents for c in children} == {(first[0].id,)}  # fitness decides at equal rungs
+    re.hear_promotion(first[1].id, 1, 0.05)
+    children = [re.ask() for _ in range(3)]
+    assert {c.parents for c in children} == {(first[1].id,)}
+    for c in children:
+        re.tell(c.id, 0.5)  # the first two age out
+    before = list(re.population)
+    re.hear_promotion(first[0].id, 2, 0.99)
+    assert re.population == before and first[1].id not in re.rung_of
+
+
 def test_parents_of_mutations_are_the_evaluations_of_their_parent_trees():
     asked = drive(wrapped())
     tree_of = {c.id: c.tree for c in asked}
@@ -165,17 +232,30 @@ def test_seeds_are_promoted_to_the_top_whatever_their_rank():
     assert sum(c.tree == seed and c.fidelity == 9 for c in asked) == 1
 
 
+@pytest.mark.parametrize("strategy_fitness", ["lowest_rung", "highest_rung"])
 @pytest.mark.parametrize("stop_after", [1, 7, 19, 33])
-def test_checkpoint_resumes_exactly(stop_after):
-    """A scheduler restored from the JSON checkpoint at any point asks what the original would."""
-    reference = [(c.id, c.tree, c.origin, c.parents, c.fidelity) for c in drive(wrapped(seed=5))]
-    first = wrapped(seed=5)
-    asked = drive(first, stop_after=stop_after)
-    restored = wrapped(seed=5)
+def test_checkpoint_resumes_exactly(stop_after, strategy_fitness):
+    """A scheduler restored from the JSON checkpoint at any point asks what the original would,
+    and its strategy hears the same promotions."""
+    heard = []
+
+    def make() -> SuccessiveHalving:
+        s = wrapped(seed=5, strategy_fitness=strategy_fitness)
+        hear = s.base.hear_promotion
+        s.base.hear_promotion = lambda i, rung, f: (heard.append((i, rung, f)), hear(i, rung, f))
+        return s
+
+    score = falling if strategy_fitness == "highest_rung" else fitness  # the rung heard decides
+    reference = [(c.id, c.tree, c.origin, c.parents, c.fidelity) for c in drive(make(), score=score)]
+    reference_heard, heard[:] = list(heard), []
+    first = make()
+    asked = drive(first, stop_after=stop_after, score=score)
+    restored = make()
     restored.load_state_dict(json.loads(json.dumps(first.state_dict())))
-    rest = drive(restored)
+    rest = drive(restored, score=score)
     got = [(c.id, c.tree, c.origin, c.parents, c.fidelity) for c in asked + rest]
     assert got == reference
+    assert heard == reference_heard and bool(heard) == (strategy_fitness == "highest_rung")
 
 
 def test_a_checkpoint_of_other_rungs_is_refused():
@@ -183,22 +263,26 @@ def test_a_checkpoint_of_other_rungs_is_refused():
     drive(s, stop_after=5)
     with pytest.raises(EinspaceError, match="rungs"):
         wrapped(rungs=(1, 2, 4, 9)).load_state_dict(s.state_dict())
+    with pytest.raises(EinspaceError, match="strategy_fitness 'lowest_rung', not .* 'highest_rung'"):
+        wrapped(strategy_fitness="highest_rung").load_state_dict(s.state_dict())
     with pytest.raises(EinspaceError, match="successive halving switched on"):
         wrapped().load_state_dict(s.base.state_dict())
 
 
-def sh_experiment(run_dir, **changes):
+def sh_experiment(run_dir, strategy_fitness="lowest_rung", **changes):
     return experiment(
         run_dir,
         evaluator={"name": "test_fidelity", "settings": {"epochs": 9}},
-        multi_fidelity={"scheduler": "successive_halving"},
+        multi_fidelity={"scheduler": "successive_halving", "strategy_fitness": strategy_fitness},
         **changes,
     )
 
 
-def test_a_search_trains_each_rung_at_its_fidelity_and_resumes_exactly(tmp_path):
-    e = sh_experiment(tmp_path / "reference", executor={"max_in_flight": 1})
+@pytest.mark.parametrize("strategy_fitness", ["lowest_rung", "highest_rung"])
+def test_a_search_trains_each_rung_at_its_fidelity_and_resumes_exactly(tmp_path, strategy_fitness):
+    e = sh_experiment(tmp_path / "reference", strategy_fitness, executor={"max_in_flight": 1})
     assert e.multi_fidelity.rungs == (1, 3, 9)  # resolved from min_fidelity 1, eta 3 and epochs 9
+    assert e.make_strategy().strategy_fitness == strategy_fitness
     with SearchRun.start(e) as run:
         assert run.run(e.make_executor()).finished
         reference = run.store.history()
@@ -210,7 +294,7 @@ def test_a_search_trains_each_rung_at_its_fidelity_and_resumes_exactly(tmp_path)
     assert len(keys) == len(set(keys))  # no tree trained twice at one fidelity
     assert sum(r.origin != "promotion" for r in reference) == 40
 
-    e2 = sh_experiment(tmp_path / "resumed", executor={"max_in_flight": 1})
+    e2 = sh_experiment(tmp_path / "resumed", strategy_fitness, executor={"max_in_flight": 1})
     with SearchRun.start(e2) as run:
         assert not run.run(e2.make_executor(), max_results=23).finished
     with SearchRun.start(e2) as run:
@@ -259,6 +343,7 @@ BAD = [
     ({"rungs": [1, 3], "max_fidelity": 8}, r"multi_fidelity.max_fidelity 8 disagrees with the top of"),
     ({"promotion": "resume"}, "multi_fidelity.promotion must be 'continue' or 'retrain'"),
     ({"promotion": "continue"}, "'test_fidelity' cannot; use promotion: retrain"),
+    ({"strategy_fitness": "best"}, "multi_fidelity.strategy_fitness must be 'lowest_rung' or 'highest_rung'"),
 ]
 
 
