@@ -31,6 +31,7 @@ from pathlib import Path
 from search_efficiency import TASKS, Job, evaluator_settings, experiment, prepare
 
 from einspace.evaluators.base import Task, run_task
+from einspace.evaluators.head_fit import HEAD_INITS
 from einspace.network.compiler import HEAD_POOLINGS
 from einspace.search.config import parse_experiment
 from einspace.seeds import load_seed
@@ -65,12 +66,17 @@ def random_trees(task_name: str, count: int, seed: int) -> list[str]:
 
 
 def train(
-    tree: str, task_name: str, data_dir: Path, epochs: int, optimiser: dict, pooling: str = "mean"
+    tree: str,
+    task_name: str,
+    data_dir: Path,
+    epochs: int,
+    optimiser: dict,
+    head: tuple[tuple[str, str], ...] = (),
 ) -> float | None:
-    """Validation accuracy after `epochs` of the recipe with `optimiser` and the head's `pooling`
-    (None: failed)."""
+    """Validation accuracy after `epochs` of the recipe with `optimiser` and the `head` settings
+    (head_pooling, head_init; None: failed)."""
     task = TASKS[task_name]
-    settings = {**evaluator_settings(task, data_dir), "epochs": epochs, **optimiser, "head_pooling": pooling}
+    settings = {**evaluator_settings(task, data_dir), "epochs": epochs, **optimiser, **dict(head)}
     result = run_task(Task(tree, task.grammar, task.shape, "training", settings, mode="im"))
     return result.fitness if result.ok else None
 
@@ -87,8 +93,15 @@ def main() -> None:
     parser.add_argument(
         "--head-pooling", choices=list(HEAD_POOLINGS), default="mean", help="the head's pooling"
     )
+    parser.add_argument(
+        "--head-init",
+        choices=list(HEAD_INITS),
+        default="random",
+        help="the head's start (fitted: a linear probe)",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/random_trees"))
     args = parser.parse_args()
+    head = (("head_pooling", args.head_pooling), ("head_init", args.head_init))
     import torch
 
     torch.set_num_threads(1)
@@ -106,13 +119,12 @@ def main() -> None:
     handwritten = {f"the seed {task.seed}": seed_tree, **HANDWRITTEN}
     print(
         f"task {task.name} {task.shape}, grammar {task.grammar}, {args.trees} random trees, "
-        f"{args.epochs} epochs, head pooling {args.head_pooling}, chance {chance:.0%}"
+        f"{args.epochs} epochs, head pooling {args.head_pooling}, head init {args.head_init}, "
+        f"chance {chance:.0%}"
     )
     for name in args.optimizers:
         started = time.process_time()
-        scores = [
-            train(t, task.name, data_dir, args.epochs, OPTIMIZERS[name], args.head_pooling) for t in trees
-        ]
+        scores = [train(t, task.name, data_dir, args.epochs, OPTIMIZERS[name], head) for t in trees]
         done = sorted(s for s in scores if s is not None)
         above = sum(s > chance + 0.10 for s in done)
         if done:
@@ -126,7 +138,7 @@ def main() -> None:
             f"({time.process_time() - started:.0f} CPU s)"
         )
         for label, tree in handwritten.items():
-            score = train(tree, task.name, data_dir, args.epochs, OPTIMIZERS[name], args.head_pooling)
+            score = train(tree, task.name, data_dir, args.epochs, OPTIMIZERS[name], head)
             print(f"  {label}: {'failed' if score is None else f'{score:.1%}'}")
 
 

@@ -92,10 +92,11 @@ Output goes to `--out` (default runs/search_efficiency).
     python benchmarks/search_efficiency.py --executor ray --num-gpus 0.25 --jobs 4 --budget 60
     python benchmarks/search_efficiency.py --tasks motifs --methods RE+SH --optimizer adam --lr 0.003
     python benchmarks/search_efficiency.py --tasks motifs --head-pooling max   # max head, not mean
+    python benchmarks/search_efficiency.py --tasks motifs --head-init fitted   # a linear probe first
 
-`--optimizer`, `--lr` and `--head-pooling` replace the recipe's settings for the searches and their
-retraining; the baselines train with the optimiser given and keep their own heads. `--population`
-and `--tournament` replace RE's.
+`--optimizer`, `--lr`, `--head-pooling` and `--head-init` replace the recipe's settings for the
+searches and their retraining; the baselines train with the optimiser given and keep their own
+heads. `--population` and `--tournament` replace RE's.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ from _harness import (
     test_accuracy,
 )
 
+from einspace.evaluators.head_fit import HEAD_INITS
 from einspace.network.compiler import HEAD_POOLINGS
 from einspace.search.random_search import RandomSearch
 from einspace.search.strategy import register_strategy
@@ -292,7 +294,7 @@ class Job:
     executor: str = "in_process"
     in_flight: int = 1
     num_gpus: float = 0.0
-    overrides: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr, --head-pooling: over the recipe's
+    overrides: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr, --head-*: over the recipe's
     source_budget: float = 0.0  # transfer: the compute of the earlier search on TRANSFER_SOURCE
     evolution: tuple[tuple[str, int], ...] = ()  # --population, --tournament: over the recipe's RE
 
@@ -915,6 +917,7 @@ def recipe(
         "RE": raw["strategy"]["settings"] | dict(evolution) | {"evaluations": "until the budget is spent"},
         "RE+SH": {**HALVING, "rungs": rungs},
         "RE+SH0": {**HALVING, "min_fidelity": 0, "rungs": default_rungs(0, EPOCHS, HALVING["eta"])},
+        "+H": {"strategy_fitness": "highest_rung"},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }
@@ -957,13 +960,24 @@ def main() -> None:
         "the baselines keep their own heads",
     )
     parser.add_argument(
+        "--head-init",
+        choices=list(HEAD_INITS),
+        help="the searched networks' head start instead of the recipe's (random); fitted: a linear "
+        "probe before training",
+    )
+    parser.add_argument(
         "--source-budget",
         type=float,
         default=None,
         help=f"transfer methods: seconds of each earlier {TRANSFER_SOURCE} search (default: its budget)",
     )
     args = parser.parse_args()
-    given = (("optimizer", args.optimizer), ("lr", args.lr), ("head_pooling", args.head_pooling))
+    given = (
+        ("optimizer", args.optimizer),
+        ("lr", args.lr),
+        ("head_pooling", args.head_pooling),
+        ("head_init", args.head_init),
+    )
     overrides = tuple((k, v) for k, v in given if v is not None)
     evolution = tuple(
         (k, v) for k, v in (("population", args.population), ("tournament", args.tournament)) if v

@@ -13,6 +13,11 @@ T = TypeVar("T")
 #: Epochs of the final evaluation (paper Table 4, "Epochs (eval)"); here, away from the training
 #: code, so that the command line can name it without importing torch.
 FINAL_EPOCHS = 64
+#: The learning-rate schedules (`einspace.evaluators.optim`).
+SCHEDULES = ("cosine", "step", "constant")
+#: How a training run starts its classification head (the setting `head_init`): as initialised,
+#: or fitted in closed form to the untrained backbone's features (`einspace.evaluators.head_fit`).
+HEAD_INITS = ("random", "fitted")
 
 
 def settings_from(cls: type[T], evaluator: str, values: dict[str, Any]) -> T:

@@ -11,7 +11,7 @@ from einspace.errors import EinspaceError
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the `einspace` parser (called by einspace.cli)."""
-    from einspace.evaluators._settings import FINAL_EPOCHS
+    from einspace.evaluators._settings import FINAL_EPOCHS, HEAD_INITS, SCHEDULES
 
     evaluate = sub.add_parser(
         "evaluate",
@@ -32,9 +32,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--batch-size", type=int, help="default 256")
     evaluate.add_argument("--lr", type=float, help="default 0.04")
     evaluate.add_argument("--weight-decay", type=float, help="default 3e-4")
-    evaluate.add_argument("--schedule", choices=("cosine", "step", "constant"), help="default cosine")
+    evaluate.add_argument("--schedule", choices=SCHEDULES, help="default cosine")
     evaluate.add_argument("--max-seconds", type=float, help="give up after this long")
     evaluate.add_argument("--head-pooling", metavar="POOLING", help="mean (the paper's, default) or max")
+    evaluate.add_argument(
+        "--head-init", choices=HEAD_INITS, help="random (default), or fitted in closed form before training"
+    )
     evaluate.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     evaluate.add_argument("--random-seed", type=int, default=0)
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
@@ -54,6 +57,7 @@ _OVERRIDES = {
     "schedule": "schedule",
     "max_seconds": "max_seconds",
     "head_pooling": "head_pooling",
+    "head_init": "head_init",
     "device": "device",
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,16 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         """The shape of one example without the batch axis: (C, H, W) or (S, D)."""
         return tuple(int(d) for d in self.train_x.shape[1:])
+
+    def input_problem(self, input: Any) -> str | None:
+        """Why a network for `input` (a FeatureState) cannot take these examples (None: it can)."""
+        if tuple(input.shape) == self.input_shape:
+            return None
+        shape = "x".join(map(str, self.input_shape))
+        return (
+            f"the task's input {input} does not match dataset {self.name!r}, whose examples "
+            f"have shape {shape}"
+        )
 
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) of split `train`, `valid` or `test`."""

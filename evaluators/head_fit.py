@@ -19,12 +19,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from einspace.evaluators._settings import HEAD_INITS
 from einspace.evaluators.base import EvaluationFailed
 from einspace.evaluators.objectives import Classification, Objective
 from einspace.network.compiler import ClassificationHead
 
-__all__ = ["FIT_EXAMPLES", "RIDGE", "fit_head", "head_fit_problem"]
-
+__all__ = ["FIT_EXAMPLES", "HEAD_INITS", "RIDGE", "fit_head", "head_fit_problem"]
 #: Training examples the head is fitted on: a sample drawn with the run's data-order generator.
 FIT_EXAMPLES = 1024
 #: The ridge penalty per example, on standardised features (each feature's squared norm is the
@@ -33,14 +33,12 @@ FIT_EXAMPLES = 1024
 RIDGE = 0.01
 
 
-def head_fit_problem(objective: Objective) -> str | None:
-    """Why a network of this objective cannot be scored at 0 epochs (None: it can)."""
+def head_fit_problem(objective: Objective, use: str) -> str | None:
+    """Why the head of a network of this objective cannot be fitted for `use` (what asks for the
+    fit, as the message names it; None: it can)."""
     if isinstance(objective, Classification):
         return None
-    return (
-        "0 epochs (the untrained network with its head fitted in closed form) needs a "
-        f"classification dataset, and this one's metric is {objective.metric}"
-    )
+    return f"{use} needs a classification dataset, and this one's metric is {objective.metric}"
 
 
 def fit_head(
@@ -50,25 +48,32 @@ def fit_head(
     batch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     batch_size: int,
     order: torch.Generator,
+    training: bool = False,
 ) -> tuple[float, float]:
     """Set the head's linear layer of `network` (backbone, then a ClassificationHead) to the ridge
     fit on up to FIT_EXAMPLES rows of `data` drawn with `order`; returns the fitted network's
     (loss, metric) on them. `batch(x, y, index)` moves rows to the device (`Runtime.batch`). The
-    network runs in eval mode, as it is scored: batch norm at initialisation is the identity."""
+    features are those of eval mode, as the network is scored (batch norm at initialisation is
+    the identity), or with `training` those that training sees (batch norm on the statistics of
+    each batch of `batch_size`; its running statistics are left as they were)."""
     with torch.no_grad():  # a block, not a decorator: mutation testing skips decorated functions
         head = network.head
         if not isinstance(head, ClassificationHead):
             raise EvaluationFailed(
-                f"0 epochs needs the classification head, and this network has {type(head).__name__}"
+                "fitting the head in closed form needs the classification head, and this network has "
+                f"{type(head).__name__}"
             )
         x, y = data
         rows = torch.randperm(len(y), generator=order)[:FIT_EXAMPLES]
-        network.eval()
+        buffers = {name: b.clone() for name, b in network.named_buffers()}
+        network.train(training)
         features, targets = [], []
         for start in range(0, len(rows), batch_size):
             xb, yb = batch(x, y, rows[start : start + batch_size])
             features.append(head.features(network.backbone(xb)).double())
             targets.append(yb)
+        for name, b in network.named_buffers():  # a training-mode pass moved the running statistics
+            b.copy_(buffers[name])
         f, labels = torch.cat(features), torch.cat(targets)
         if not torch.isfinite(f).all():
             raise EvaluationFailed("the untrained network's features are not finite: no head can be fitted")

@@ -117,7 +117,12 @@ class Lineage:
         total = sum(p.numel() for p in self.network.parameters())
         read = self._read(self.inheritance.parent)
         if read is None:
-            return {"inherited_params": 0.0, "inherited_share": 0.0, "inheritance_missing": 1.0}
+            return {
+                "inherited_params": 0.0,
+                "inherited_share": 0.0,
+                "inherited_head": 0.0,
+                "inheritance_missing": 1.0,
+            }
         saved, parent_tree = read
         inherited = 0
         for path in unchanged_terminals(self.checked.tree, parent_tree):
@@ -126,12 +131,14 @@ class Lineage:
             if entry is None or entry["reads"] != self._reads(path) or len(entry["states"]) != len(modules):
                 continue
             inherited += sum(self._load(m, s) for m, s in zip(modules, entry["states"], strict=True))
-        head = saved.get("head")
+        head, head_params = saved.get("head"), 0
         if head is not None and head["reads"] == str(self.checked.output):
-            inherited += self._load(self.network.head, head["state"])
+            head_params = self._load(self.network.head, head["state"])
+        inherited += head_params
         return {
             "inherited_params": float(inherited),
             "inherited_share": inherited / total if total else 0.0,
+            "inherited_head": float(head_params > 0),
             "inheritance_missing": 0.0,
         }
 

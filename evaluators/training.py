@@ -38,7 +38,7 @@ from torch import nn
 from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError
 from einspace.evaluators._runtime import STEP_MODES, Runtime, out_of_memory
-from einspace.evaluators._settings import FINAL_EPOCHS, require, settings_from
+from einspace.evaluators._settings import FINAL_EPOCHS, HEAD_INITS, SCHEDULES, require, settings_from
 from einspace.evaluators.auxiliary import AuxiliaryObjective, check_auxiliary_settings
 from einspace.evaluators.base import (
     Continuation,
@@ -83,6 +83,9 @@ class TrainingSettings:
     gamma: float = 0.1  # step schedule: factor at each milestone
     label_smoothing: float = 0.0
     head_pooling: str = "mean"  # mean (the paper's head) | max: how the head pools positions
+    # random | fitted: before the first epoch (unless the head is inherited), the head's linear layer
+    # is fitted in closed form to the backbone's features (einspace.evaluators.head_fit)
+    head_init: str = "random"
     param_groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # see evaluators.optim
     auxiliary_losses: dict[str, Any] = field(default_factory=dict)  # see evaluators.auxiliary
     metric: str | None = None  # accuracy | relative_l2; None: what the dataset's targets imply
@@ -129,20 +132,17 @@ class TrainingSettings:
                 f"setting {name} must be a number >= 0, got {value!r}"
                 + (" (YAML reads 1.0e9 as text; write 1.0e+9)" if isinstance(value, str) else ""),
             )
-        require(
-            self.optimizer in OPTIMIZERS,
-            f"setting optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}",
-        )
-        require(
-            self.schedule in ("cosine", "step", "constant"),
-            "setting schedule must be cosine, step or constant",
-        )
+        for name, choices in (
+            ("optimizer", OPTIMIZERS),
+            ("schedule", SCHEDULES),
+            ("head_pooling", HEAD_POOLINGS),
+            ("head_init", HEAD_INITS),
+            ("step_mode", STEP_MODES),
+        ):
+            value = getattr(self, name)
+            require(value in choices, f"setting {name} must be one of {', '.join(choices)}, got {value!r}")
         require(all(0 < m < 1 for m in self.milestones), "setting milestones must be fractions in (0, 1)")
         require(self.label_smoothing < 1, "setting label_smoothing must be below 1")
-        require(
-            self.head_pooling in HEAD_POOLINGS,
-            f"setting head_pooling must be one of {', '.join(HEAD_POOLINGS)}, got {self.head_pooling!r}",
-        )
         require(
             self.channels_last in ("auto", True, False), "setting channels_last must be auto, true or false"
         )
@@ -150,7 +150,6 @@ class TrainingSettings:
             isinstance(self.inherit_weights, bool),
             f"setting inherit_weights must be true or false, got {self.inherit_weights!r}",
         )
-        require(self.step_mode in STEP_MODES, f"setting step_mode must be one of {', '.join(STEP_MODES)}")
         require(
             self.metric in (None, "accuracy", "relative_l2"),
             f"unknown metric {self.metric!r}; expected accuracy or relative_l2",
@@ -196,11 +195,8 @@ def _check_budget(checked: CheckedTree, settings: TrainingSettings, classes: int
 
 
 def _check_input(dataset: Dataset, input: FeatureState) -> None:
-    if tuple(input.shape) != dataset.input_shape:
-        raise EvaluationFailed(
-            f"the task's input {input} does not match dataset {dataset.name!r}, whose examples "
-            f"have shape {'x'.join(map(str, dataset.input_shape))}"
-        )
+    if (problem := dataset.input_problem(input)) is not None:
+        raise EvaluationFailed(problem)
 
 
 @dataclass
@@ -381,6 +377,8 @@ def _train(
                 *fit_head(model, train_data, objective, runtime.batch, settings.eval_batch_size, shuffle)
             )
         else:
+            if settings.head_init == "fitted" and start == 0 and not built.metrics.get("inherited_head"):
+                fit_head(model, train_data, objective, runtime.batch, settings.batch_size, shuffle, True)
             epochs = range(start, settings.epochs)
             done = _train_epochs(
                 built, objective, train_data, settings, runtime, epochs, shuffle, progress, budget, laps
@@ -490,17 +488,22 @@ class TrainingEvaluator(Evaluator):
     def fidelity_problem(self, fidelity: int) -> str | None:
         if fidelity > 0:
             return None
-        return head_fit_problem(objective_for(load_dataset(self.settings.dataset), self.settings.metric))
+        objective = objective_for(load_dataset(self.settings.dataset), self.settings.metric)
+        return head_fit_problem(
+            objective, "0 epochs (the untrained network with its head fitted in closed form)"
+        )
 
     def check(self, input: FeatureState) -> None:
         dataset = load_dataset(self.settings.dataset)
-        try:
-            _check_input(dataset, input)
-        except EvaluationFailed as exc:
-            raise EinspaceError(str(exc)) from None
-        objective_for(dataset, self.settings.metric, self.settings)
+        if (problem := dataset.input_problem(input)) is not None:
+            raise EinspaceError(problem)
+        objective = objective_for(dataset, self.settings.metric, self.settings)
         if (problem := self.fidelity_problem(self.settings.epochs)) is not None:
             raise EinspaceError(f"evaluator setting epochs: {problem}")
+        if self.settings.head_init == "fitted" and (
+            problem := head_fit_problem(objective, "head_init fitted (the head fitted before training)")
+        ):
+            raise EinspaceError(f"evaluator setting head_init: {problem}")
 
     def evaluate(self, checked: CheckedTree, random_seed: int) -> dict[str, float]:
         return self._evaluate(checked, random_seed, None)

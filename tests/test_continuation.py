@@ -28,23 +28,32 @@ SETTINGS = {
 }
 
 
-def task(epochs: int, continuation: Continuation | None = None, tree: str = TREE) -> Task:
-    return Task(tree, "einspace", (1, 8, 8), "training", SETTINGS, "im", 0, epochs, continuation)
+def task(
+    epochs: int, continuation: Continuation | None = None, tree: str = TREE, settings: dict = SETTINGS
+) -> Task:
+    return Task(tree, "einspace", (1, 8, 8), "training", settings, "im", 0, epochs, continuation)
 
 
-def evaluate(epochs: int, continuation: Continuation | None = None, tree: str = TREE) -> dict[str, float]:
-    result = run_task(task(epochs, continuation, tree))
+def evaluate(
+    epochs: int, continuation: Continuation | None = None, tree: str = TREE, settings: dict = SETTINGS
+) -> dict[str, float]:
+    result = run_task(task(epochs, continuation, tree, settings))
     assert result.ok, result.error
     return {**result.metrics, "cost_epochs": result.cost.epochs}
 
 
-def test_training_in_pieces_equals_training_at_once(tmp_path):
+@pytest.mark.parametrize("head_init", ["random", "fitted"])
+def test_training_in_pieces_equals_training_at_once(tmp_path, head_init):
     """1 epoch, then on to 3, then on to 6 (each saving its state) gives the loss and accuracy
-    of 6 uninterrupted epochs on the same schedule, and each piece trains only its own epochs."""
-    whole = evaluate(6, Continuation(horizon=6))
-    one = evaluate(1, Continuation(6, save=str(tmp_path / "1.pt")))
-    three = evaluate(3, Continuation(6, save=str(tmp_path / "3.pt"), load=str(tmp_path / "1.pt")))
-    six = evaluate(6, Continuation(6, load=str(tmp_path / "3.pt")))
+    of 6 uninterrupted epochs on the same schedule, and each piece trains only its own epochs
+    (a fitted head is fitted once, before the first)."""
+    settings = {**SETTINGS, "head_init": head_init}
+    whole = evaluate(6, Continuation(horizon=6), settings=settings)
+    one = evaluate(1, Continuation(6, save=str(tmp_path / "1.pt")), settings=settings)
+    three = evaluate(
+        3, Continuation(6, save=str(tmp_path / "3.pt"), load=str(tmp_path / "1.pt")), settings=settings
+    )
+    six = evaluate(6, Continuation(6, load=str(tmp_path / "3.pt")), settings=settings)
     assert six["valid_loss"] == whole["valid_loss"] and six["valid_accuracy"] == whole["valid_accuracy"]
     assert [m["cost_epochs"] for m in (one, three, six)] == [1, 2, 3]
     assert [one["continued_from_epoch"], three["continued_from_epoch"], six["continued_from_epoch"]] == [
@@ -54,7 +63,9 @@ def test_training_in_pieces_equals_training_at_once(tmp_path):
     ]
     assert one["state_saved"] == three["state_saved"] == 1.0 and "state_saved" not in six
     # the horizon is the schedule: one epoch of a 6-epoch schedule is not one epoch of its own
-    assert one["valid_loss"] != evaluate(1)["valid_loss"]
+    assert one["valid_loss"] != evaluate(1, settings=settings)["valid_loss"]
+    if head_init == "fitted":  # the setting changes the run
+        assert whole["valid_loss"] != evaluate(6, Continuation(horizon=6))["valid_loss"]
     saved = read_state(str(tmp_path / "3.pt"), TrainedState(**torch.load(tmp_path / "3.pt")).tree, 6)
     assert saved is not None and saved.epochs == 3
 

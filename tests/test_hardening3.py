@@ -239,6 +239,11 @@ BAD_TRAINING_SETTINGS: list[tuple[dict, str]] = [
     ({"lr": -1}, "setting lr must be a number >= 0"),
     ({"head_pooling": "median"}, "setting head_pooling must be one of mean, max, got 'median'"),
     ({"epochs": -1}, "setting epochs must be an integer >= 0, got -1"),
+    ({"head_init": "probe"}, "setting head_init must be one of random, fitted, got 'probe'"),
+    (
+        {"step_mode": "jit"},
+        "setting step_mode must be one of eager, cuda_graphs, compile, compile_cuda_graphs, got 'jit'",
+    ),
 ]
 
 

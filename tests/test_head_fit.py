@@ -1,7 +1,10 @@
-"""Fidelity 0 of the training evaluator: the untrained network, its head fitted in closed form."""
+"""Fidelity 0 of the training evaluator: the untrained network, its head fitted in closed form;
+and `head_init: fitted`, the same fit as the start of training."""
 
 from __future__ import annotations
 
+import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +103,8 @@ def test_features_that_are_not_finite_or_another_head_fail_with_a_reason() -> No
         fit_head(network, (x, y), Classification(3), _rows, 8, torch.Generator())
     network.head = torch.nn.Flatten()
     with pytest.raises(
-        EvaluationFailed, match="^0 epochs needs the classification head, and this network has Flatten$"
+        EvaluationFailed,
+        match="^fitting the head in closed form needs the classification head, and this network has Flatten$",
     ):
         fit_head(network, (x, y), Classification(3), _rows, 8, torch.Generator())
 
@@ -122,17 +126,22 @@ def test_0_epochs_scores_the_untrained_network_with_its_fitted_head(tmp_path: Pa
     assert scores["mean"] < 0.65 and scores["max"] > 0.9, scores
 
 
-def test_epochs_below_0_and_0_epochs_on_regression_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(EinspaceError, match="setting epochs must be an integer >= 0, got -1"):
-        TrainingSettings(epochs=-1)
+def _regression(folder: Path) -> str:
+    """A small dense-target dataset (1x4x4 in and out)."""
     rng = np.random.default_rng(0)
     arrays = {f"{s}_x": rng.normal(size=(8, 1, 4, 4)).astype(np.float32) for s in ("train", "valid", "test")}
     arrays |= {f"{s}_y": 2 * arrays[f"{s}_x"] for s in ("train", "valid", "test")}
-    np.savez(tmp_path / "dense.npz", **arrays)
-    evaluator = get_evaluator("training", {"dataset": str(tmp_path / "dense.npz"), "epochs": 0})
+    np.savez(folder / "dense.npz", **arrays)
+    return str(folder / "dense.npz")
+
+
+def test_epochs_below_0_and_0_epochs_on_regression_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(EinspaceError, match="setting epochs must be an integer >= 0, got -1"):
+        TrainingSettings(epochs=-1)
+    evaluator = get_evaluator("training", {"dataset": _regression(tmp_path), "epochs": 0})
     with pytest.raises(EinspaceError, match="epochs: 0 epochs .* needs a classification dataset"):
         evaluator.check(input_state((1, 4, 4)))
-    trained = get_evaluator("training", {"dataset": str(tmp_path / "dense.npz")})
+    trained = get_evaluator("training", {"dataset": _regression(tmp_path)})
     assert "needs a classification dataset" in trained.fidelity_problem(0)
     assert trained.fidelity_problem(1) is None
     assert "has no fidelity 0" in get_evaluator("naswot").fidelity_problem(0)
@@ -166,3 +175,64 @@ def test_a_search_looks_at_every_architecture_untrained_first(tmp_path: Path) ->
     assert all(r.metrics["continued_from_epoch"] == 1 and r.cost["epochs"] == 1 for r in from_1)
     summary = summarise(history)
     assert summary.promoted == len(promoted) and summary.resumable == summary.continued == len(from_1)
+
+
+NORMED = "(S (M (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=16))) (R2 col2im)) (M (C norm)))"
+
+
+def test_in_training_mode_the_fit_sees_batch_statistics_and_leaves_the_running_ones() -> None:
+    """`training`: the head is the ridge fit of the features that training computes (batch norm on
+    the batch's statistics, one batch here), not of eval mode's; the running statistics stay."""
+    torch.manual_seed(0)
+    x, y = 3 * torch.randn(120, 3, 6, 6) + 1, torch.arange(120) % 4
+    fitted = {}
+    for training in (False, True):
+        torch.manual_seed(1)
+        network = compile_network(parse_tree(NORMED), input_state((3, 6, 6)), 4, PAPER)
+        buffers = {k: v.clone() for k, v in network.named_buffers()}
+        assert buffers  # the network has batch norm
+        fit_head(network, (x, y), Classification(4), _rows, 128, torch.Generator(), training=training)
+        assert all(torch.equal(buffers[k], v) for k, v in network.named_buffers())
+        with torch.no_grad():
+            probe = copy.deepcopy(network).train(training)
+            features = probe.head.features(probe.backbone(x)).double().numpy()
+            logits = network.head.linear(torch.from_numpy(features).float()).double().numpy()
+        np.testing.assert_allclose(logits, _ridge_by_numpy(features, y.numpy(), 4), atol=2e-4)
+        fitted[training] = network.head.linear.weight.detach().clone()
+    assert not torch.allclose(fitted[False], fitted[True])
+
+
+def test_head_init_fitted_starts_training_from_the_fitted_head(tmp_path: Path) -> None:
+    """One epoch of SGD on the order task (max head): from the fitted head the network is right
+    at once, from the random one it is still near chance; anything else is refused."""
+    settings = {"dataset": order_task(tmp_path / "order.npz"), "epochs": 1, "batch_size": 50}
+    settings |= {"threads": 1, "device": "cpu", "head_pooling": "max"}
+    scores = {}
+    for init in ("random", "fitted"):
+        result = run_task(Task(CONV_ACT, "einspace", (2, 1, 24), "training", {**settings, "head_init": init}))
+        assert result.ok, result.error
+        scores[init] = result.fitness
+    assert scores["random"] < 0.7 and scores["fitted"] > 0.9, scores
+    with pytest.raises(EinspaceError, match="setting head_init must be one of random, fitted, got 'probe'"):
+        TrainingSettings(head_init="probe")
+
+
+def test_head_init_fitted_on_regression_is_refused_before_the_search(tmp_path: Path) -> None:
+    evaluator = get_evaluator("training", {"dataset": _regression(tmp_path), "head_init": "fitted"})
+    with pytest.raises(EinspaceError, match="head_init: head_init fitted .* needs a classification dataset"):
+        evaluator.check(input_state((1, 4, 4)))
+    get_evaluator("training", {"dataset": _regression(tmp_path)}).check(input_state((1, 4, 4)))
+
+
+def test_einspace_evaluate_takes_head_init(tmp_path: Path, capsys) -> None:
+    from einspace.cli import main
+
+    (tmp_path / "conv.tree").write_text(CONV_ACT + "\n")
+    dataset = order_task(tmp_path / "order.npz")
+    base = ["evaluate", str(tmp_path / "conv.tree"), "--dataset", dataset, "--epochs", "1", "--json"]
+    base += ["--batch-size", "50", "--device", "cpu", "--head-pooling", "max"]
+    scores = {}
+    for init in ("random", "fitted"):
+        assert main([*base, "--head-init", init]) == 0
+        scores[init] = json.loads(capsys.readouterr().out.split("\n", 1)[1])["test_accuracy"]
+    assert scores["random"] < 0.7 and scores["fitted"] > 0.9, scores

@@ -118,6 +118,7 @@ def test_a_child_takes_the_unchanged_convolution_and_keeps_fresh_weights_elsewhe
     assert metrics == {
         "inherited_params": 9 * 16 + 16,
         "inherited_share": (9 * 16 + 16) / total,
+        "inherited_head": 0.0,
         "inheritance_missing": 0.0,
     }
 
@@ -130,7 +131,7 @@ def test_a_terminal_whose_input_changed_is_not_inherited_but_the_head_is(tmp_pat
     p, c, f = layers(parent), layers(child), layers(fresh(FIRST_CHANGED))
     assert same(c[0], f[0]) and same(c[1], f[1])
     assert same(c[2], p[2]) and not same(c[2], f[2])
-    assert metrics["inherited_params"] == 32 * 10 + 10
+    assert metrics["inherited_params"] == 32 * 10 + 10 and metrics["inherited_head"] == 1.0
 
 
 @pytest.mark.parametrize("lower_parent", [True, False], ids=["lowered parent", "literal parent"])
@@ -159,12 +160,33 @@ def test_a_parent_file_that_cannot_be_used_means_a_fresh_start(tmp_path, spoil):
     _, path = trained_parent(tmp_path)
     spoil(Path(path))
     child, metrics = child_of(SECOND_CHANGED, path)
-    assert metrics == {"inherited_params": 0.0, "inherited_share": 0.0, "inheritance_missing": 1.0}
+    assert metrics == {
+        "inherited_params": 0.0,
+        "inherited_share": 0.0,
+        "inherited_head": 0.0,
+        "inheritance_missing": 1.0,
+    }
     assert all(map(same, layers(child), layers(fresh(SECOND_CHANGED))))
 
 
-def task(tree: str, inheritance: Inheritance | None) -> Task:
-    return Task(tree, "einspace", (1, 8, 8), "training", SETTINGS, "im", 0, None, None, inheritance)
+def task(tree: str, inheritance: Inheritance | None, **settings) -> Task:
+    settings = {**SETTINGS, **settings}
+    return Task(tree, "einspace", (1, 8, 8), "training", settings, "im", 0, None, None, inheritance)
+
+
+def test_head_init_fitted_keeps_an_inherited_head_and_fits_one_that_is_not(tmp_path):
+    """FIRST_CHANGED inherits its parent's head: fitted or not, the same run; SECOND_CHANGED's
+    head reads other channels, so it starts fresh, and is fitted."""
+    parent_file = str(tmp_path / "p.pt")
+    assert run_task(task(PARENT, Inheritance(save=parent_file))).ok
+    loss = {}
+    for child in (FIRST_CHANGED, SECOND_CHANGED):
+        for init in ("random", "fitted"):
+            result = run_task(task(child, Inheritance(parent=parent_file), head_init=init))
+            assert result.ok, result.error
+            loss[child, init] = result.metrics["valid_loss"]
+    assert loss[FIRST_CHANGED, "random"] == loss[FIRST_CHANGED, "fitted"]
+    assert loss[SECOND_CHANGED, "random"] != loss[SECOND_CHANGED, "fitted"]
 
 
 def test_the_training_evaluator_saves_and_inherits_through_run_task(tmp_path):

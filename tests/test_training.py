@@ -53,7 +53,7 @@ def test_one_epoch_beats_chance_and_is_deterministic_by_seed() -> None:
         ({}, {"shape": (3, 8, 8)}, "does not match dataset 'digits'"),
         ({"dataset": "adddigits"}, {}, r"does not match dataset 'adddigits'.*3x8x8"),
         ({"epoch": 1}, {}, "unknown setting 'epoch' .*did you mean 'epochs'"),
-        ({"schedule": "linear"}, {}, "schedule must be cosine, step or constant"),
+        ({"schedule": "linear"}, {}, "setting schedule must be one of cosine, step, constant, got 'linear'"),
         ({"step_mode": "graphs"}, {}, "step_mode must be one of eager, cuda_graphs, compile"),
         ({"lr": "1.0e9"}, {}, r"setting lr must be a number >= 0, got '1.0e9' \(YAML reads"),
         (
