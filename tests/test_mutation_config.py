@@ -25,6 +25,7 @@ _MULTI_FIDELITY = {
     "max_fidelity": ((int, None), None),
     "rungs": ((list, None), None),
     "promotion": ((str, None), None),
+    "strategy_fitness": ((str,), "lowest_rung"),
 }
 
 
