@@ -378,7 +378,9 @@ def _train(
             )
         else:
             if settings.head_init == "fitted" and start == 0 and not built.metrics.get("inherited_head"):
-                fit_head(model, train_data, objective, runtime.batch, settings.batch_size, shuffle, True)
+                fit_head(
+                    model, train_data, objective, runtime.batch, settings.batch_size, shuffle, training=True
+                )
             epochs = range(start, settings.epochs)
             done = _train_epochs(
                 built, objective, train_data, settings, runtime, epochs, shuffle, progress, budget, laps

@@ -152,7 +152,7 @@ class RegularisedEvolution(Strategy):
     def hear_promotion(self, candidate_id: int, rung: int, fitness: float) -> None:
         """A living member's result at a higher rung replaces its fitness; the dead are gone."""
         for i, (member, tree, _) in enumerate(self.population):
-            if member == candidate_id and rung >= self.rung_of.get(member, 0):
+            if member == candidate_id:
                 self.population[i] = (member, tree, float(fitness))
                 self.rung_of[member] = rung
 

@@ -160,7 +160,7 @@ class SuccessiveHalving(Strategy):
         self._levels = [_Rung() for _ in self.rungs]
         self._job_of_base: dict[int, int] = {}  # the wrapped strategy's id -> the job at the lowest rung
         # job -> the wrapped strategy's id of its tree: jobs in flight, and (highest_rung) results
-        # that may be promoted
+        # not promoted yet
         self._base_of_job: dict[int, int] = {}
 
     # ---------------------------------------------------------------- the contract
@@ -172,7 +172,7 @@ class SuccessiveHalving(Strategy):
             tree, hash, _ = self._levels[level].results[job]
             continues = job if self.rungs[level] > 0 else None  # 0 epochs leave no state to go on from
             candidate = self._issue(tree, hash, PROMOTION, (job,), self.rungs[level + 1], continues=continues)
-            if (base_id := self._base_of_job.get(job)) is not None:
+            if (base_id := self._base_of_job.pop(job, None)) is not None:  # promoted once: moves on
                 self._base_of_job[candidate.id] = base_id
             return candidate
         proposal = self.base.ask()

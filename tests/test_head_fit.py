@@ -217,6 +217,29 @@ def test_head_init_fitted_starts_training_from_the_fitted_head(tmp_path: Path) -
         TrainingSettings(head_init="probe")
 
 
+def test_head_init_fitted_fits_once_on_the_features_training_sees(tmp_path: Path, monkeypatch) -> None:
+    """The evaluator's fit for the start of training is in training mode (batch norm on batch
+    statistics; eval mode is the identity at initialisation), at the training batch size, once."""
+    import einspace.evaluators.training as training
+
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append((args[4], kwargs.get("training", args[6] if len(args) > 6 else False)))
+        return fit_head(*args, **kwargs)
+
+    monkeypatch.setattr(training, "fit_head", recording)
+    settings = {"dataset": order_task(tmp_path / "order.npz"), "epochs": 1, "batch_size": 50}
+    settings |= {"threads": 1, "device": "cpu", "head_init": "fitted"}
+    assert run_task(Task(CONV_ACT, "einspace", (2, 1, 24), "training", settings)).ok
+    assert calls == [(50, True)]
+    calls.clear()
+    assert run_task(
+        Task(CONV_ACT, "einspace", (2, 1, 24), "training", {**settings, "head_init": "random"})
+    ).ok
+    assert calls == []
+
+
 def test_head_init_fitted_on_regression_is_refused_before_the_search(tmp_path: Path) -> None:
     evaluator = get_evaluator("training", {"dataset": _regression(tmp_path), "head_init": "fitted"})
     with pytest.raises(EinspaceError, match="head_init: head_init fitted .* needs a classification dataset"):

@@ -180,6 +180,19 @@ def test_with_highest_rung_a_member_holds_its_result_at_the_highest_rung_it_reac
     assert set(s.base.rung_of) <= {i for i, _, _ in s.base.population}  # the dead are forgotten
 
 
+@pytest.mark.parametrize("spoil", ["partial", "failed"])
+def test_a_partial_or_failed_promotion_is_not_heard(spoil):
+    """highest_rung passes on only promotions scored at their full fidelity: a partial result
+    (a time budget stopped it) or a failure leaves the member as it was."""
+    s = wrapped(strategy_fitness="highest_rung")
+    heard = []
+    s.base.hear_promotion = lambda i, rung, f: heard.append((i, rung, f))
+    partial = (lambda c: c.origin == "promotion") if spoil == "partial" else (lambda c: False)
+    score = (lambda t, fid: fitness(t, fid) if fid == 1 else -math.inf) if spoil == "failed" else fitness
+    asked = drive(s, partial=partial, score=score)
+    assert any(c.origin == "promotion" for c in asked) and heard == []
+
+
 def test_a_member_that_reached_a_higher_rung_wins_the_tournament_whatever_its_fitness():
     """A member heard at rung 1 beats one at the lowest rung with a higher fitness; a promotion
     of a member that died changes nothing."""
