@@ -14,7 +14,7 @@ have spent it. Methods, each from scratch and seeded:
           rung is trained on (from its saved state) to the next; seeds go to the top whatever
           their rank.
 - RE+S, RE+SH+S (from scratch only): the same with surrogate screening (`screen` 8: each child
-          is the best of 8 proposals as ranked by a random forest fitted to the run's results,
+          is the best of 8 proposals as ranked by gradient boosting fitted to the run's results,
           once 20 are in).
 - RE+I, RE+all (from scratch only): RE with weight inheritance (children start from their
           parent's trained weights where the mutation left the network unchanged), and RE with
@@ -104,12 +104,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -297,6 +299,8 @@ class Job:
     overrides: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr, --head-*: over the recipe's
     source_budget: float = 0.0  # transfer: the compute of the earlier search on TRANSFER_SOURCE
     evolution: tuple[tuple[str, int], ...] = ()  # --population, --tournament: over the recipe's RE
+    limits: tuple[tuple[str, int], ...] = ()  # --min-params, --min-flops: over the recipe's limits
+    keep_dir: str = ""  # --keep-runs: the run directories are kept under it, not thrown away
 
 
 def _dataset(task: Task, data_dir: Path) -> str:
@@ -341,6 +345,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
         "random_seed": job.seed,
         "grammar": task.grammar,
         "input": {"shape": list(task.shape), "mode": "im"},
+        "limits": {**raw["limits"], **dict(job.limits)},
         "evaluator": {
             "name": raw["evaluator"]["name"],
             "settings": {
@@ -395,7 +400,7 @@ def run_search(job: Job) -> dict[str, Any]:
     from einspace.search.successive_halving import PROMOTION
 
     started, sources, warm_start = time.perf_counter(), [], []
-    with tempfile.TemporaryDirectory() as tmp:
+    with _runs_dir(job) as tmp:
         for name in METHODS[job.method].transfer:
             earlier = replace(job, task=TRANSFER_SOURCE, method=name, budget=job.source_budget)
             history, _ = _search(earlier, Path(tmp) / name)
@@ -436,6 +441,21 @@ def run_search(job: Job) -> dict[str, Any]:
             )
     out["seconds"] = time.perf_counter() - started
     return out
+
+
+@contextmanager
+def _runs_dir(job: Job) -> Iterator[str]:
+    """Where one search's run directories go: KEEP/TASK_METHOD_SEED with --keep-runs (for
+    `einspace report`, or `benchmarks/surrogate_ranking.py`), else a directory thrown away after."""
+    if not job.keep_dir:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield tmp
+        return
+    kept = Path(job.keep_dir) / f"{job.task}_{job.method}_{job.seed}"
+    if kept.exists():
+        shutil.rmtree(kept)  # an earlier benchmark's: a search starts afresh, never resumes it
+    kept.mkdir(parents=True)
+    yield str(kept)
 
 
 def _search(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> tuple[list[Record], Any]:
@@ -894,6 +914,7 @@ def recipe(
     executor: dict[str, Any],
     overrides: tuple = (),
     evolution: tuple = (),
+    limits: tuple = (),
 ) -> str:
     """What every search and baseline shares, and what changes per task."""
     from einspace.evaluators.training import TrainingSettings
@@ -912,7 +933,7 @@ def recipe(
     rungs = default_rungs(HALVING["min_fidelity"], EPOCHS, HALVING["eta"])
     shared = {
         "source": "experiments/quickstart.yaml",
-        "limits": raw["limits"],
+        "limits": raw["limits"] | dict(limits),
         "evaluator": {"name": raw["evaluator"]["name"], "settings": settings, "optimiser": optimiser},
         "RE": raw["strategy"]["settings"] | dict(evolution) | {"evaluations": "until the budget is spent"},
         "RE+SH": {**HALVING, "rungs": rungs},
@@ -966,6 +987,17 @@ def main() -> None:
         "probe before training",
     )
     parser.add_argument(
+        "--min-params", type=int, help="the limit min_params for the searches (default 0: none)"
+    )
+    parser.add_argument(
+        "--min-flops", type=int, help="the limit min_flops for the searches (default 0: none)"
+    )
+    parser.add_argument(
+        "--keep-runs",
+        action="store_true",
+        help="keep each search's run directory under OUT/runs/TASK_METHOD_SEED",
+    )
+    parser.add_argument(
         "--source-budget",
         type=float,
         default=None,
@@ -982,6 +1014,7 @@ def main() -> None:
     evolution = tuple(
         (k, v) for k, v in (("population", args.population), ("tournament", args.tournament)) if v
     )
+    limits = tuple((k, v) for k, v in (("min_params", args.min_params), ("min_flops", args.min_flops)) if v)
     tasks = [TASKS[name] for name in args.tasks]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
 
@@ -996,7 +1029,7 @@ def main() -> None:
         executor["num_gpus"] = args.num_gpus
     data_dir = args.out.resolve() / "data"
     print(f"search efficiency: tasks {args.tasks}, methods {args.methods}, seeds {seeds}")
-    print(recipe(tasks, budgets, executor, overrides, evolution))
+    print(recipe(tasks, budgets, executor, overrides, evolution, limits))
     summaries = prepare(tasks, data_dir)
     jobs = [
         (run_baseline, Job(t.name, b, s, budgets[t.name], str(data_dir), overrides=overrides))
@@ -1018,6 +1051,8 @@ def main() -> None:
                 overrides,
                 args.source_budget or budget_of(TASKS[TRANSFER_SOURCE]),
                 evolution,
+                limits,
+                str(args.out.resolve() / "runs") if args.keep_runs else "",
             ),
         )
         for t in tasks

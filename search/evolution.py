@@ -38,7 +38,7 @@ class RegularisedEvolution(Strategy):
     remove); by default the paper's subtree mutation alone.
 
     With `screen` k > 1, each child is the best of k such proposals as ranked by a `Surrogate`
-    fitted to every result told so far (`surrogate`: random_forest or gradient_boosting), once
+    fitted to every result told so far (`surrogate`: gradient_boosting or random_forest), once
     `surrogate_min_results` are in; before that, plain RE. Screening prefers trees not proposed
     before (a repeat would only be served from the cache). The initial population's samples are
     screened the same way once the surrogate is ready: from the first candidate when it is
@@ -60,7 +60,7 @@ class RegularisedEvolution(Strategy):
         tournament: int = 10,
         crossover: float = 0.0,
         screen: int = 1,
-        surrogate: str = "random_forest",
+        surrogate: str = "gradient_boosting",
         surrogate_min_results: int = 20,
         mutations: dict[str, float] | None = None,
     ):

@@ -61,6 +61,20 @@ def test_features_count_operations_with_their_copies_and_their_order():
     assert f["terminals"] == 4 and f["log_params"] > 0 and f["log_flops"] > 0
     bad = tree_features(parse_tree("(S (M (C linear(d=8))) (M (C nope)))"), GRAMMAR, INPUT)
     assert "log_params" not in bad and bad["op:nope"] == 1  # a tree that does not check: no counts
+    assert "head_width" not in bad and "min_width" not in bad
+
+
+def test_features_hold_the_shapes_the_head_reads_and_the_narrowest_point():
+    # 3x16x16 -> patches: col 4x192 -> linear: col 4x64 -> im 64x2x2 -> a convolution: im 128x2x2
+    patchify = "(M (R1 im2col(k=8, s=8, p=0)) (M (C linear(d=64))) (R2 col2im))"
+    conv = "(M (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=128))) (R2 col2im))"
+    f = tree_features(parse_tree(f"(S {patchify} {conv})"), GRAMMAR, INPUT)
+    shapes = {k: round(math.exp(f[k]), 6) for k in ("head_width", "head_positions", "min_width", "min_size")}
+    # a col signal's width is its last axis (64), not its first (4 positions)
+    assert shapes == {"head_width": 128, "head_positions": 4, "min_width": 64, "min_size": 256}
+    plain = tree_features(parse_tree("(S (M (C norm)) (M (C leaky_relu)))"), GRAMMAR, INPUT)
+    assert plain["head_width"] == plain["min_width"] == math.log(3)
+    assert plain["head_positions"] == math.log(256) and plain["min_size"] == math.log(768)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -157,7 +171,7 @@ def test_a_screened_run_resumes_exactly(stop_after):
 
 
 def test_bad_settings_and_a_missing_extra_are_named(monkeypatch):
-    with pytest.raises(EinspaceError, match="'surrogate' must be one of random_forest, gradient_boosting"):
+    with pytest.raises(EinspaceError, match="'surrogate' must be one of gradient_boosting, random_forest"):
         get_strategy("regularised_evolution", SPACE, 0, {"screen": 4, "surrogate": "svm"})
     with pytest.raises(EinspaceError, match="'screen' must be an integer >= 1"):
         get_strategy("regularised_evolution", SPACE, 0, {"screen": 0})
@@ -168,9 +182,12 @@ def test_bad_settings_and_a_missing_extra_are_named(monkeypatch):
     get_strategy("regularised_evolution", SPACE, 0, {"screen": 1})  # plain RE never needs it
 
 
-def test_gradient_boosting_screens_too():
-    s = get_strategy("regularised_evolution", SPACE, 0, {"evaluations": 40, "population": 8, "screen": 4})
-    s.surrogate = Surrogate("gradient_boosting", 0, 10)
+def test_gradient_boosting_is_the_default_and_random_forest_screens_too():
+    settings = {"evaluations": 40, "population": 8, "screen": 4}
+    assert get_strategy("regularised_evolution", SPACE, 0, settings).surrogate.kind == "gradient_boosting"
+    s = get_strategy("regularised_evolution", SPACE, 0, {**settings, "surrogate": "random_forest"})
+    assert s.surrogate.kind == "random_forest"
+    s.surrogate = Surrogate("random_forest", 0, 10)
     while not s.done:
         c = s.ask()
         s.tell(c.id, fitness(c.tree))

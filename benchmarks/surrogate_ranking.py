@@ -1,0 +1,163 @@
+"""Benchmark (not a test): how well surrogates rank, replayed offline on searches already run
+(issue 26's target: Spearman's rho >= 0.5 once 50 results are in).
+
+A search that screens with a surrogate measures its rank correlation online, but only for the one
+feature set and model it ran with, and only on the children it chose. This replays a finished
+run's own history instead: for each result from the 51st on (results at the lowest fidelity, in
+the order the strategy heard them; a failed one counts as -inf, the worst), a surrogate fitted to
+the results before it, refitted as the online one is (whenever the results have grown by a fifth),
+predicts it; rho is computed over those (prediction, result) pairs. Every feature set and model
+below sees exactly the same results, so their rho can be compared within one run.
+
+Feature sets (`FEATURES`): `tree` is `einspace.search.surrogate.tree_features`, what the online
+surrogate uses; the others leave a part of it out, to see what that part is worth: `-calls` the
+operations with their arguments (does detail help or dilute?), `-shapes` the shapes
+(`shape_features`: what the surrogate saw before they were added).
+
+Run directories come from `benchmarks/search_efficiency.py --keep-runs` (OUT/runs/*/run) or any
+`einspace search`:
+
+    python benchmarks/search_efficiency.py --tasks motifs --methods RE RE+S --keep-runs
+    python benchmarks/surrogate_ranking.py runs/search_efficiency/runs/*/run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from einspace.checker import CheckedTree
+    from einspace.grammar.model import Grammar
+    from einspace.search.strategy import SearchSpace
+    from einspace.state import FeatureState
+    from einspace.tree import Node
+
+#: Results a surrogate has before its predictions count (issue 26: "once 50 results are in").
+RHO_RESULTS = 50
+
+Features = Callable[["Node", "Grammar", "FeatureState", "CheckedTree | None"], dict[str, float]]
+
+
+def _tree(tree: Node, grammar: Grammar, input: FeatureState, checked: CheckedTree | None) -> dict[str, float]:
+    from einspace.search.surrogate import tree_features
+
+    return tree_features(tree, grammar, input, checked)
+
+
+def _without(*prefixes: str) -> Features:
+    """The tree's features less those whose names start with one of `prefixes`."""
+
+    def features(
+        tree: Node, grammar: Grammar, input: FeatureState, checked: CheckedTree | None
+    ) -> dict[str, float]:
+        return {k: v for k, v in _tree(tree, grammar, input, checked).items() if not k.startswith(prefixes)}
+
+    return features
+
+
+SHAPES = ("head_", "min_")
+FEATURES: dict[str, Features] = {
+    "tree": _tree,
+    "-calls": _without("call:"),
+    "-shapes": _without(*SHAPES),
+}
+
+
+def heard_results(run_dir: str) -> tuple[SearchSpace, list[tuple[Node, CheckedTree | None]], list[float]]:
+    """A run's search space and its results as its strategy heard them (the lowest fidelity,
+    cached repeats left out): each tree with its check (None if it no longer checks) and its
+    fitness (-inf: failed)."""
+    from einspace.checker import check_tree
+    from einspace.errors import EinspaceError
+    from einspace.evaluators.base import Status
+    from einspace.search.loop import SearchRun
+    from einspace.tree import parse_tree
+
+    with SearchRun.open(run_dir) as run:
+        history, experiment = run.store.history(), run.experiment
+    if experiment is None:
+        raise SystemExit(f"{run_dir}: its experiment cannot be read")
+    space = experiment.space()
+    finished = [r for r in history if r.status in (Status.OK, Status.FAILED)]
+    lowest = min((r.fidelity for r in finished if r.fidelity is not None), default=None)
+    trees, fitness = [], []
+    for r in (r for r in finished if r.fidelity == lowest):
+        tree = parse_tree(r.tree)
+        try:
+            checked = check_tree(tree, space.grammar, space.input)
+        except EinspaceError:
+            checked = None
+        trees.append((tree, checked))
+        fitness.append(r.fitness if r.status == Status.OK and r.fitness is not None else -math.inf)
+    return space, trees, fitness
+
+
+def replay(
+    rows: list[dict[str, float]], fitness: list[float], model: str, seed: int, after: int = RHO_RESULTS
+) -> float:
+    """Spearman's rho of each result from the `after`+1-th on against the prediction of a
+    surrogate fitted (online, refitted as the search's is) to the results before it."""
+    from einspace.search.surrogate import Surrogate, rank_correlation
+
+    surrogate = Surrogate(model, random_seed=seed, min_results=after)
+    pairs = []
+    for i, (row, value) in enumerate(zip(rows, fitness, strict=True)):
+        if i >= after and surrogate.ready:
+            pairs.append((surrogate.predict([row])[0], value))
+        surrogate.add(row, value)
+    return rank_correlation(pairs)
+
+
+def _name(run_dir: Path) -> str:
+    """A kept benchmark run's TASK_METHOD_SEED (its directory holds the run as `run`)."""
+    return run_dir.parent.name if run_dir.name == "run" else run_dir.name
+
+
+def main() -> None:
+    from einspace.search.surrogate import SURROGATES
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("runs", nargs="+", help="search run directories")
+    parser.add_argument("--features", nargs="+", choices=list(FEATURES), default=list(FEATURES))
+    parser.add_argument("--models", nargs="+", choices=list(SURROGATES), default=list(SURROGATES))
+    parser.add_argument(
+        "--after", type=int, default=RHO_RESULTS, help="results in before predictions count (default 50)"
+    )
+    args = parser.parse_args()
+    variants = [(f, m) for f in args.features for m in args.models]
+    print("run".ljust(28) + "results".rjust(8) + "".join(f"{f}/{m}".rjust(26) for f, m in variants))
+    table: dict[tuple[str, str], list[tuple[float, int]]] = {v: [] for v in variants}
+    for run_dir in args.runs:
+        if not (Path(run_dir) / "search.sqlite").is_file():
+            continue
+        space, trees, fitness = heard_results(run_dir)
+        line = _name(Path(run_dir))[:27].ljust(28) + str(len(fitness)).rjust(8)
+        if len(fitness) <= args.after + 2:
+            print(line + "  (too few results)")
+            continue
+        for f, m in variants:
+            rows = [FEATURES[f](tree, space.grammar, space.input, checked) for tree, checked in trees]
+            rho = replay(rows, fitness, m, seed=0, after=args.after)
+            table[(f, m)].append((rho, len(fitness) - args.after))
+            line += f"{rho:26.2f}"
+        print(line, flush=True)
+    for label, weighed in (("mean", False), ("mean by predictions", True)):
+        means = [_mean(table[x], weighed) for x in variants]
+        print(label.ljust(36) + "".join(f"{m:26.2f}" for m in means))
+
+
+def _mean(rhos: list[tuple[float, int]], weighed: bool) -> float:
+    """The mean rho over runs (a run with no rho left out), weighed by predictions or not."""
+    kept = [(rho, n if weighed else 1) for rho, n in rhos if math.isfinite(rho)]
+    total = sum(n for _, n in kept)
+    return sum(rho * n for rho, n in kept) / total if total else math.nan
+
+
+if __name__ == "__main__":
+    main()
