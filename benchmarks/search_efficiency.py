@@ -18,7 +18,9 @@ have spent it. Methods, each from scratch and seeded:
           once 20 are in).
 - RE+I, RE+all (from scratch only): RE with weight inheritance (children start from their
           parent's trained weights where the mutation left the network unchanged), and RE with
-          everything: successive halving, surrogate screening and inheritance.
+          everything: successive halving, surrogate screening and inheritance. RE+all0: the same
+          with successive halving's rung at 0 epochs (RE+SH0's, below): a child is first scored
+          with its parent's trained weights where it inherits them, untrained elsewhere.
 - RE+SH0, RE+SH0+S (from scratch only): RE+SH (RE+SH+S) with a rung at 0 epochs below the
           first: every new architecture is first scored untrained, its head fitted in closed
           form (`min_fidelity: 0`; einspace.evaluators.head_fit), and only the best third trains.
@@ -268,6 +270,7 @@ METHODS = {
     "RE+SH+S": Method("regularised_evolution", halving=True, screen=SCREEN),
     "RE+I": Method("regularised_evolution", inherit=True),
     "RE+all": Method("regularised_evolution", halving=True, screen=SCREEN, inherit=True),
+    "RE+all0": Method("regularised_evolution", halving=True, screen=SCREEN, inherit=True, first_rung=0),
     "RE+M": Method("regularised_evolution", mutations=MUTATIONS),
     "RE+SH+M": Method("regularised_evolution", halving=True, mutations=MUTATIONS),
     "RE+SH0": Method("regularised_evolution", halving=True, first_rung=0),

@@ -67,10 +67,12 @@ FEATURES: dict[str, Features] = {
 }
 
 
-def heard_results(run_dir: str) -> tuple[SearchSpace, list[tuple[Node, CheckedTree | None]], list[float]]:
-    """A run's search space and its results as its strategy heard them (the lowest fidelity,
-    cached repeats left out): each tree with its check (None if it no longer checks) and its
-    fitness (-inf: failed)."""
+def heard_results(
+    run_dir: str,
+) -> tuple[SearchSpace, list[tuple[Node, CheckedTree | None]], list[float], str]:
+    """A run's search space, its results as its strategy heard them (the lowest fidelity, cached
+    repeats left out): each tree with its check (None if it no longer checks) and its fitness
+    (-inf: failed), and its dataset's name (the file's stem)."""
     from einspace.checker import check_tree
     from einspace.errors import EinspaceError
     from einspace.evaluators.base import Status
@@ -93,7 +95,7 @@ def heard_results(run_dir: str) -> tuple[SearchSpace, list[tuple[Node, CheckedTr
             checked = None
         trees.append((tree, checked))
         fitness.append(r.fitness if r.status == Status.OK and r.fitness is not None else -math.inf)
-    return space, trees, fitness
+    return space, trees, fitness, Path(str(experiment.evaluator.settings.get("dataset", "?"))).stem
 
 
 def replay(
@@ -132,11 +134,11 @@ def main() -> None:
     args = parser.parse_args()
     variants = [(f, m) for f in args.features for m in args.models]
     print("run".ljust(28) + "results".rjust(8) + "".join(f"{f}/{m}".rjust(26) for f, m in variants))
-    table: dict[tuple[str, str], list[tuple[float, int]]] = {v: [] for v in variants}
+    table: dict[tuple[str, str], list[tuple[float, int, str]]] = {v: [] for v in variants}
     for run_dir in args.runs:
         if not (Path(run_dir) / "search.sqlite").is_file():
             continue
-        space, trees, fitness = heard_results(run_dir)
+        space, trees, fitness, dataset = heard_results(run_dir)
         line = _name(Path(run_dir))[:27].ljust(28) + str(len(fitness)).rjust(8)
         if len(fitness) <= args.after + 2:
             print(line + "  (too few results)")
@@ -144,17 +146,20 @@ def main() -> None:
         for f, m in variants:
             rows = [FEATURES[f](tree, space.grammar, space.input, checked) for tree, checked in trees]
             rho = replay(rows, fitness, m, seed=0, after=args.after)
-            table[(f, m)].append((rho, len(fitness) - args.after))
+            table[(f, m)].append((rho, len(fitness) - args.after, dataset))
             line += f"{rho:26.2f}"
         print(line, flush=True)
-    for label, weighed in (("mean", False), ("mean by predictions", True)):
-        means = [_mean(table[x], weighed) for x in variants]
-        print(label.ljust(36) + "".join(f"{m:26.2f}" for m in means))
+    datasets = sorted({d for rows in table.values() for _, _, d in rows})
+    for dataset in [*datasets, None] if len(datasets) > 1 else [None]:
+        for label, weighed in (("mean", False), ("by predictions", True)):
+            means = [_mean([r for r in table[x] if dataset in (None, r[2])], weighed) for x in variants]
+            label = f"{label}, {dataset or 'all'}"
+            print(label[:35].ljust(36) + "".join(f"{m:26.2f}" for m in means))
 
 
-def _mean(rhos: list[tuple[float, int]], weighed: bool) -> float:
+def _mean(rhos: list[tuple[float, int, str]], weighed: bool) -> float:
     """The mean rho over runs (a run with no rho left out), weighed by predictions or not."""
-    kept = [(rho, n if weighed else 1) for rho, n in rhos if math.isfinite(rho)]
+    kept = [(rho, n if weighed else 1) for rho, n, _ in rhos if math.isfinite(rho)]
     total = sum(n for _, n in kept)
     return sum(rho * n for rho, n in kept) / total if total else math.nan
 
