@@ -21,9 +21,10 @@ have spent it. Methods, each from scratch and seeded:
           everything: successive halving, surrogate screening and inheritance. RE+all0: the same
           with successive halving's rung at 0 epochs (RE+SH0's, below): a child is first scored
           with its parent's trained weights where it inherits them, untrained elsewhere.
-- RE+SH0, RE+SH0+S (from scratch only): RE+SH (RE+SH+S) with a rung at 0 epochs below the
-          first: every new architecture is first scored untrained, its head fitted in closed
-          form (`min_fidelity: 0`; einspace.evaluators.head_fit), and only the best third trains.
+- RE+SH0, RE+SH0+S, RE+SH0+I (from scratch only): RE+SH (RE+SH+S, RE+SH with inheritance)
+          with a rung at 0 epochs below the first: every new architecture is first scored
+          before any training (with the weights it inherits, +I), its head fitted in closed form
+          (`min_fidelity: 0`; einspace.evaluators.head_fit), and only the best third trains.
 - RE+SH+H, RE+SH0+H (from scratch only): RE+SH (RE+SH0) where RE also hears each promotion's
           result (`strategy_fitness: highest_rung`): a member's fitness is its result at the
           highest rung it reached, and tournaments prefer members that reached a higher rung.
@@ -98,7 +99,10 @@ Output goes to `--out` (default runs/search_efficiency).
 
 `--optimizer`, `--lr`, `--head-pooling` and `--head-init` replace the recipe's settings for the
 searches and their retraining; the baselines train with the optimiser given and keep their own
-heads. `--population` and `--tournament` replace RE's.
+heads. `--population` and `--tournament` replace RE's, `--min-params` and `--min-flops` set the
+limits that keep degenerate candidates out. `--keep-runs` keeps every search's run directory
+under OUT/runs/TASK_METHOD_SEED/run (for `einspace report`, or to replay its history with
+`benchmarks/surrogate_ranking.py`); otherwise they are thrown away.
 """
 
 from __future__ import annotations
@@ -275,6 +279,7 @@ METHODS = {
     "RE+SH+M": Method("regularised_evolution", halving=True, mutations=MUTATIONS),
     "RE+SH0": Method("regularised_evolution", halving=True, first_rung=0),
     "RE+SH0+S": Method("regularised_evolution", halving=True, screen=SCREEN, first_rung=0),
+    "RE+SH0+I": Method("regularised_evolution", halving=True, inherit=True, first_rung=0),
     "RE+SH+H": Method("regularised_evolution", halving=True, strategy_fitness="highest_rung"),
     "RE+SH0+H": Method("regularised_evolution", halving=True, first_rung=0, strategy_fitness="highest_rung"),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
