@@ -77,8 +77,10 @@ RE's final best with at most 1/3 of RE's compute (per seed: RE+SH's compute to r
 total, averaged over seeds; a seed that never reaches it fails the target), (b) at most 10% of
 each method's compute (over its seeds) went to failed evaluations, (c) on motifs the best method
 from scratch (by mean test accuracy) beats the plain-torch MLP; issue 26's: RE+all reaches RE's
-final best with at most 1/5 of its compute ((a) again), and (i) children that inherit score at
-least what fresh children of the same method without inheritance score at equal epochs.
+final best with at most 1/5 of its compute ((a) again), (s) a screening method's surrogate ranks
+the candidates it predicted from at least 50 results at Spearman's rho >= 0.5 (the seeds' rho
+weighed by their candidates), and (i) children that inherit score at least what fresh children
+of the same method without inheritance score at equal epochs.
 OUT/TASK.png plots the best-so-far validation accuracy against compute, mean over seeds with a
 min-max band; OUT/results.json holds every curve.
 
@@ -839,20 +841,25 @@ def _surrogate_lines(rows: list[dict[str, Any]], searches: list[str]) -> list[st
     lines = []
     for m in (m for m in searches if METHODS[m].screen > 1):
         seen = [r["surrogate"] for r in rows if r["method"] == m and r.get("surrogate")]
-        late = [s["late"] for s in seen if not math.isnan(s["late"])]
-        every = [s["all"] for s in seen if not math.isnan(s["all"])]
+        late = [(s["late"], s["n_late"]) for s in seen if not math.isnan(s["late"])]
+        every = [(s["all"], s["n"]) for s in seen if not math.isnan(s["all"])]
         if not late:
             lines.append(f"(s) not measured for {m}: no seed had 3 predictions from {RHO_RESULTS} results")
             continue
-        rho = statistics.fmean(late)
-        pairs = sum(s["n_late"] for s in seen)
-        overall = f"; {statistics.fmean(every):.2f} over all screened" if every else ""
+        rho = _weighed(late)
+        per_seed = ", ".join(f"{r:.2f} ({n})" for r, n in late)
         lines.append(
             f"(s) {'met' if rho >= TARGET_RHO else 'not met'}: {m}'s surrogate ranks candidates at "
-            f"Spearman {rho:.2f} once 50 results are in ({pairs} candidates, {len(late)} seeds{overall}; "
-            f"target >= {TARGET_RHO})"
+            f"Spearman {rho:.2f} once 50 results are in (per seed, with its candidates: {per_seed}; "
+            f"{_weighed(every):.2f} over all screened; target >= {TARGET_RHO})"
         )
     return lines
+
+
+def _weighed(rhos: list[tuple[float, int]]) -> float:
+    """The mean of the seeds' rank correlations, each weighed by its candidates: a seed with a
+    handful of predictions says little, and would otherwise count as much as one with hundreds."""
+    return sum(r * n for r, n in rhos) / sum(n for _, n in rhos)
 
 
 def _on_grid(curve: Curve, grid: np.ndarray) -> np.ndarray:
