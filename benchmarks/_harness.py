@@ -13,6 +13,8 @@ import yaml
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
 MEMORY_LIMIT_GB = 6  # per search process
+#: Issue 26: a surrogate's rank correlation counts its predictions made from at least this many results.
+RHO_RESULTS = 50
 #: The settings the retraining on train+valid drops from the search's: its data (given apart), time
 #: limit, budgets and inheritance (a retraining starts from scratch). It keeps the rest, the
 #: network's head and the training recipe.

@@ -127,6 +127,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from _harness import (
     MEMORY_LIMIT_GB,
+    RHO_RESULTS,
     confine_worker,
     failure_kind,
     quickstart,
@@ -159,7 +160,6 @@ SCREEN_TRANSFER = 64  # RE+S+T: proposals per candidate, ranked by the warm-star
 TRANSFER_SOURCE = "digits"  # RE+S+T: the task of the earlier search its surrogate starts from
 TARGET_RHO = 0.5  # issue 26: the surrogate's rank correlation once 50 results are in
 MUTATIONS = (("subtree", 1.0), ("insert", 1.0), ("remove", 1.0))  # +M: every operator alike
-RHO_RESULTS = 50  # (s) counts the pairs predicted from >= 50 of the run's own results (_surrogate)
 SURROGATE_MIN_RESULTS = 20  # screened methods: plain RE until this many results are in
 
 

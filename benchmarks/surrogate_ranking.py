@@ -10,8 +10,8 @@ predicts it; rho is computed over those (prediction, result) pairs. Every featur
 below sees exactly the same results, so their rho can be compared within one run.
 
 Feature sets (`FEATURES`): `tree` is `einspace.search.surrogate.tree_features`, what the online
-surrogate uses; the others leave a part of it out, to see what that part is worth: `-calls` the
-operations with their arguments (does detail help or dilute?), `-shapes` the shapes
+surrogate uses; the others leave a part of it out, to see what that part is worth: `no-calls` the
+operations with their arguments (does detail help or dilute?), `no-shapes` the shapes
 (`shape_features`: what the surrogate saw before they were added).
 
 Run directories come from `benchmarks/search_efficiency.py --keep-runs` (OUT/runs/*/run) or any
@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from _harness import RHO_RESULTS
+
 if TYPE_CHECKING:
     from einspace.checker import CheckedTree
     from einspace.grammar.model import Grammar
@@ -36,8 +38,6 @@ if TYPE_CHECKING:
     from einspace.state import FeatureState
     from einspace.tree import Node
 
-#: Results a surrogate has before its predictions count (issue 26: "once 50 results are in").
-RHO_RESULTS = 50
 
 Features = Callable[["Node", "Grammar", "FeatureState", "CheckedTree | None"], dict[str, float]]
 
@@ -62,8 +62,8 @@ def _without(*prefixes: str) -> Features:
 SHAPES = ("head_", "min_")
 FEATURES: dict[str, Features] = {
     "tree": _tree,
-    "-calls": _without("call:"),
-    "-shapes": _without(*SHAPES),
+    "no-calls": _without("call:"),
+    "no-shapes": _without(*SHAPES),
 }
 
 
@@ -133,7 +133,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     variants = [(f, m) for f in args.features for m in args.models]
-    print("run".ljust(28) + "results".rjust(8) + "".join(f"{f}/{m}".rjust(26) for f, m in variants))
+    print("run".ljust(28) + "results".rjust(8) + "".join(f"{f}/{m}".rjust(29) for f, m in variants))
     table: dict[tuple[str, str], list[tuple[float, int, str]]] = {v: [] for v in variants}
     for run_dir in args.runs:
         if not (Path(run_dir) / "search.sqlite").is_file():
@@ -147,14 +147,14 @@ def main() -> None:
             rows = [FEATURES[f](tree, space.grammar, space.input, checked) for tree, checked in trees]
             rho = replay(rows, fitness, m, seed=0, after=args.after)
             table[(f, m)].append((rho, len(fitness) - args.after, dataset))
-            line += f"{rho:26.2f}"
+            line += f"{rho:29.2f}"
         print(line, flush=True)
     datasets = sorted({d for rows in table.values() for _, _, d in rows})
     for dataset in [*datasets, None] if len(datasets) > 1 else [None]:
         for label, weighed in (("mean", False), ("by predictions", True)):
             means = [_mean([r for r in table[x] if dataset in (None, r[2])], weighed) for x in variants]
             label = f"{label}, {dataset or 'all'}"
-            print(label[:35].ljust(36) + "".join(f"{m:26.2f}" for m in means))
+            print(label[:35].ljust(36) + "".join(f"{m:29.2f}" for m in means))
 
 
 def _mean(rhos: list[tuple[float, int, str]], weighed: bool) -> float:
