@@ -83,3 +83,11 @@ def mean_sd(values: list[float]) -> str:
     sd = statistics.stdev(known) if len(known) > 1 else math.nan
     text = f"{100 * statistics.fmean(known):5.1f} ± {100 * sd:4.1f}"
     return text if len(known) == len(values) else f"{text} ({len(known)} of {len(values)})"
+
+
+def weighed_mean(values: list[tuple[float, int]]) -> float:
+    """The mean of (value, weight) pairs by weight (nan when there are none): a rank correlation
+    over a handful of predictions says little, and would otherwise count as much as one over
+    hundreds."""
+    total = sum(n for _, n in values)
+    return sum(v * n for v, n in values) / total if total else math.nan

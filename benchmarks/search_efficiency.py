@@ -134,6 +134,7 @@ from _harness import (
     retraining,
     search_pool,
     test_accuracy,
+    weighed_mean,
 )
 
 from einspace.evaluators.head_fit import HEAD_INITS
@@ -846,20 +847,14 @@ def _surrogate_lines(rows: list[dict[str, Any]], searches: list[str]) -> list[st
         if not late:
             lines.append(f"(s) not measured for {m}: no seed had 3 predictions from {RHO_RESULTS} results")
             continue
-        rho = _weighed(late)
+        rho = weighed_mean(late)
         per_seed = ", ".join(f"{r:.2f} ({n})" for r, n in late)
         lines.append(
             f"(s) {'met' if rho >= TARGET_RHO else 'not met'}: {m}'s surrogate ranks candidates at "
             f"Spearman {rho:.2f} once 50 results are in (per seed, with its candidates: {per_seed}; "
-            f"{_weighed(every):.2f} over all screened; target >= {TARGET_RHO})"
+            f"{weighed_mean(every):.2f} over all screened; target >= {TARGET_RHO})"
         )
     return lines
-
-
-def _weighed(rhos: list[tuple[float, int]]) -> float:
-    """The mean of the seeds' rank correlations, each weighed by its candidates: a seed with a
-    handful of predictions says little, and would otherwise count as much as one with hundreds."""
-    return sum(r * n for r, n in rhos) / sum(n for _, n in rhos)
 
 
 def _on_grid(curve: Curve, grid: np.ndarray) -> np.ndarray:

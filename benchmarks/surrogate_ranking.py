@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from _harness import RHO_RESULTS
+from _harness import RHO_RESULTS, weighed_mean
 
 if TYPE_CHECKING:
     from einspace.checker import CheckedTree
@@ -59,6 +59,7 @@ def _without(*prefixes: str) -> Features:
     return features
 
 
+#: The names of `einspace.search.surrogate.shape_features`: their prefixes.
 SHAPES = ("head_", "min_")
 FEATURES: dict[str, Features] = {
     "tree": _tree,
@@ -143,9 +144,9 @@ def main() -> None:
         if len(fitness) <= args.after + 2:
             print(line + "  (too few results)")
             continue
+        rows = {f: [FEATURES[f](t, space.grammar, space.input, c) for t, c in trees] for f in args.features}
         for f, m in variants:
-            rows = [FEATURES[f](tree, space.grammar, space.input, checked) for tree, checked in trees]
-            rho = replay(rows, fitness, m, seed=0, after=args.after)
+            rho = replay(rows[f], fitness, m, seed=0, after=args.after)
             table[(f, m)].append((rho, len(fitness) - args.after, dataset))
             line += f"{rho:29.2f}"
         print(line, flush=True)
@@ -159,9 +160,7 @@ def main() -> None:
 
 def _mean(rhos: list[tuple[float, int, str]], weighed: bool) -> float:
     """The mean rho over runs (a run with no rho left out), weighed by predictions or not."""
-    kept = [(rho, n if weighed else 1) for rho, n, _ in rhos if math.isfinite(rho)]
-    total = sum(n for _, n in kept)
-    return sum(rho * n for rho, n in kept) / total if total else math.nan
+    return weighed_mean([(rho, n if weighed else 1) for rho, n, _ in rhos if math.isfinite(rho)])
 
 
 if __name__ == "__main__":
