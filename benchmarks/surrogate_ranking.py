@@ -68,7 +68,7 @@ FEATURES: dict[str, Features] = {
 }
 
 
-def heard_results(
+def run_results(
     run_dir: str,
 ) -> tuple[SearchSpace, list[tuple[Node, CheckedTree | None]], list[float], str]:
     """A run's search space, its results as its strategy heard them (the lowest fidelity, cached
@@ -78,6 +78,7 @@ def heard_results(
     from einspace.errors import EinspaceError
     from einspace.evaluators.base import Status
     from einspace.search.loop import SearchRun
+    from einspace.search.warm_start import heard_results
     from einspace.tree import parse_tree
 
     with SearchRun.open(run_dir) as run:
@@ -85,10 +86,8 @@ def heard_results(
     if experiment is None:
         raise SystemExit(f"{run_dir}: its experiment cannot be read")
     space = experiment.space()
-    finished = [r for r in history if r.status in (Status.OK, Status.FAILED)]
-    lowest = min((r.fidelity for r in finished if r.fidelity is not None), default=None)
     trees, fitness = [], []
-    for r in (r for r in finished if r.fidelity == lowest):
+    for r in heard_results(history):
         tree = parse_tree(r.tree)
         try:
             checked = check_tree(tree, space.grammar, space.input)
@@ -139,7 +138,7 @@ def main() -> None:
     for run_dir in args.runs:
         if not (Path(run_dir) / "search.sqlite").is_file():
             continue
-        space, trees, fitness, dataset = heard_results(run_dir)
+        space, trees, fitness, dataset = run_results(run_dir)
         line = _name(Path(run_dir))[:27].ljust(28) + str(len(fitness)).rjust(8)
         if len(fitness) <= args.after + 2:
             print(line + "  (too few results)")

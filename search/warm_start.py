@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from einspace.search.strategy import Strategy
     from einspace.search.surrogate import Surrogate
 
-__all__ = ["check_warm_start", "earlier_results", "surrogate_of", "warm_start"]
+__all__ = ["check_warm_start", "earlier_results", "heard_results", "surrogate_of", "warm_start"]
 
 
 def surrogate_of(strategy: Strategy) -> Surrogate | None:
@@ -78,12 +78,18 @@ def _scored(experiment: Experiment, i: int, run_dir: str) -> list[Record]:
             f"{key}: searched grammar {earlier.grammar!r}, not {experiment.grammar!r} (a warm start "
             "needs the same grammar)"
         )
-    finished = [r for r in history if r.status in (Status.OK, Status.FAILED)]
-    lowest = min((r.fidelity for r in finished if r.fidelity is not None), default=None)
-    results = [r for r in finished if r.fidelity == lowest]
+    results = heard_results(history)
     if not any(r.status == Status.OK for r in results):
         raise EinspaceError(f"{key}: has no scored evaluation to learn from")
     return results
+
+
+def heard_results(history: list[Record]) -> list[Record]:
+    """The scored and failed evaluations of a run as its strategy heard them: a multi-fidelity
+    run's at its lowest fidelity (later rungs and cached repeats left out)."""
+    finished = [r for r in history if r.status in (Status.OK, Status.FAILED)]
+    lowest = min((r.fidelity for r in finished if r.fidelity is not None), default=None)
+    return [r for r in finished if r.fidelity == lowest]
 
 
 def warm_start(strategy: Strategy, experiment: Experiment) -> int:

@@ -265,3 +265,26 @@ def test_bad_warm_starts_are_refused_naming_the_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--warm-start: warm_start[0]" in err and "no such run directory" in err and "Traceback" not in err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_warm_start_hears_a_multi_fidelity_run_at_its_lowest_rung_as_the_run_did():
+    """Scored and failed results of the lowest rung only: promotions, cached repeats and jobs
+    still running are not what the earlier run's strategy heard."""
+    from einspace.search.store import Record, State, Status
+    from einspace.search.warm_start import heard_results
+
+    def record(i: int, fidelity: int | None, status: Status | None, state: State = State.FINISHED) -> Record:
+        return Record(i, f"t{i}", f"h{i}", "sampled", state=state, status=status, fidelity=fidelity)
+
+    history = [
+        record(0, 3, Status.OK),
+        record(1, 1, Status.OK),
+        record(2, 1, Status.FAILED),
+        record(3, 1, Status.CACHED),
+        record(4, 8, Status.OK),
+        record(5, 1, None, State.RUNNING),
+    ]
+    assert [r.id for r in heard_results(history)] == [1, 2]
+    single_fidelity = [record(0, None, Status.OK), record(1, None, Status.FAILED)]
+    assert [r.id for r in heard_results(single_fidelity)] == [0, 1]
+    assert heard_results([record(0, 1, Status.CACHED)]) == []
