@@ -28,6 +28,8 @@ have spent it. Methods, each from scratch and seeded:
 - RE+SH+H, RE+SH0+H (from scratch only): RE+SH (RE+SH0) where RE also hears each promotion's
           result (`strategy_fitness: highest_rung`): a member's fitness is its result at the
           highest rung it reached, and tournaments prefer members that reached a higher rung.
+- RE+SH0+eta9 (from scratch only): RE+SH0 with eta 9 (rungs of 0, 1 and 8 epochs): only the best
+          ninth of each rung trains on, so more of the budget goes to looking at new trees.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -162,6 +164,7 @@ TRANSFER_SOURCE = "digits"  # RE+S+T: the task of the earlier search its surroga
 TARGET_RHO = 0.5  # issue 26: the surrogate's rank correlation once 50 results are in
 MUTATIONS = (("subtree", 1.0), ("insert", 1.0), ("remove", 1.0))  # +M: every operator alike
 SURROGATE_MIN_RESULTS = 20  # screened methods: plain RE until this many results are in
+ETA_WIDE = 9  # +eta9: successive halving promotes the best ninth, so more is spent on new trees
 
 
 @register_strategy
@@ -263,6 +266,7 @@ class Method:
     transfer: tuple[str, ...] = ()  # the surrogate starts from these methods' searches on TRANSFER_SOURCE
     first_rung: int = 1  # successive halving's lowest rung: 0 looks at the untrained network first
     strategy_fitness: str = "lowest_rung"  # highest_rung: RE hears promotions' results too
+    eta: int = HALVING["eta"]  # successive halving promotes the best 1/eta of each rung
 
     @property
     def everything(self) -> bool:
@@ -285,6 +289,7 @@ METHODS = {
     "RE+SH0+I": Method("regularised_evolution", halving=True, inherit=True, first_rung=0),
     "RE+SH+H": Method("regularised_evolution", halving=True, strategy_fitness="highest_rung"),
     "RE+SH0+H": Method("regularised_evolution", halving=True, first_rung=0, strategy_fitness="highest_rung"),
+    "RE+SH0+eta9": Method("regularised_evolution", halving=True, first_rung=0, eta=ETA_WIDE),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
@@ -372,6 +377,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
                 "multi_fidelity": {
                     **HALVING,
                     "min_fidelity": method.first_rung,
+                    "eta": method.eta,
                     "strategy_fitness": method.strategy_fitness,
                 }
             }
@@ -949,6 +955,7 @@ def recipe(
         "RE+SH": {**HALVING, "rungs": rungs},
         "RE+SH0": {**HALVING, "min_fidelity": 0, "rungs": default_rungs(0, EPOCHS, HALVING["eta"])},
         "+H": {"strategy_fitness": "highest_rung"},
+        "+eta9": {"eta": ETA_WIDE, "rungs": default_rungs(0, EPOCHS, ETA_WIDE)},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

@@ -1,10 +1,11 @@
 """Where a run keeps the trained states that promotions continue from (multi-fidelity search
 with `promotion: continue`; the evaluator side is `einspace.evaluators.continuation`).
 
-One file per evaluation below the top rung, `states/<evaluation id>.pt` in the run directory,
-written by the worker that trained it and read by the worker that trains its promotion. The folder
-holds only what `SuccessiveHalving.live_states` may still need: after every result the rest is
-deleted, so it stays bounded by the rungs' promising results, and a resumed run finds what it left.
+One file per evaluation below the top rung (and above a rung at 0 epochs, which trains nothing),
+`states/<evaluation id>.pt` in the run directory, written by the worker that trained it and read
+by the worker that trains its promotion. The folder holds only what
+`SuccessiveHalving.live_states` may still need: after every result the rest is deleted, so it stays
+bounded by the rungs' promising results, and a resumed run finds what it left.
 Which states may be on disk is kept in memory (read from the folder once, when the run opens or
 resumes), so pruning never lists the folder. On a cluster of several machines workers read and write
 the run directory's path on their own machine: put the run directory on a shared filesystem, or
@@ -51,11 +52,12 @@ class TrainedStates:
         return self.directory / f"{evaluation}.pt"
 
     def continuation(self, candidate: Candidate) -> Continuation:
-        """A candidate's evaluation saves its state unless it is at the top rung, and goes on from
-        the state of the evaluation it `continues`, if any."""
+        """A candidate's evaluation saves its state unless it is at the top rung or at 0 epochs
+        (nothing is trained there, so promotions from it train from scratch), and goes on from the
+        state of the evaluation it `continues`, if any."""
         from einspace.evaluators.base import Continuation
 
-        save = None if candidate.fidelity == self.horizon else str(self.path(candidate.id))
+        save = None if candidate.fidelity in (0, self.horizon) else str(self.path(candidate.id))
         if save is not None:
             self.saved.add(candidate.id)
         load = None if candidate.continues is None else str(self.path(candidate.continues))

@@ -165,3 +165,22 @@ def test_a_search_continues_its_promotions_and_keeps_only_live_states(tmp_path):
     kept = {int(p.stem) for p in (tmp_path / STATES_FOLDER).glob("*.pt")}
     assert kept == live & {r.id for r in history if r.status == "ok" and r.fidelity < 4}
     assert all(by_id[i].fidelity < 4 for i in kept)  # the top rung saves nothing
+
+
+def test_states_are_saved_between_the_rungs_only(tmp_path):
+    """Nothing to go on from at 0 epochs (promotions from there train from scratch) and nothing
+    to go on to after the top rung: neither saves a state; every rung between does."""
+    from einspace.search.strategy import Candidate
+    from einspace.search.trained_states import TrainedStates
+
+    states = TrainedStates(tmp_path / STATES_FOLDER, horizon=8, live=set)
+    saves = {f: states.continuation(Candidate(f, "t", "h", "sampled", fidelity=f)).save for f in (0, 1, 3, 8)}
+    assert saves == {
+        0: None,
+        1: str(tmp_path / STATES_FOLDER / "1.pt"),
+        3: str(tmp_path / STATES_FOLDER / "3.pt"),
+        8: None,
+    }
+    assert states.saved == {1, 3}
+    promotion = Candidate(9, "t", "h", "promotion", (1,), fidelity=3, continues=1)
+    assert states.continuation(promotion).load == str(tmp_path / STATES_FOLDER / "1.pt")
