@@ -3,9 +3,13 @@
 Multi-fidelity search can look at an architecture before training it at all: a rung at 0 epochs,
 below the first training rung (`multi_fidelity: {min_fidelity: 0}`). The backbone keeps its
 random initialisation; the classification head's linear layer is fitted to a sample of the
-training examples by ridge regression on one-hot targets (in float64, on standardised features,
-which is what makes features of very different scales comparable); the result is the validation
-accuracy of that network, on the same scale as a trained one's. It tells apart networks whose
+training examples by ridge regression on one-hot targets (in float64); the result is the validation
+accuracy of that network, on the same scale as a trained one's. The fit is on the features as they
+are, so that the look scores what training from a random head can use: a feature whose spread is
+far below the penalty's scale (a softmax over 512 channels varies by about 1/512) is as good as
+absent, as it is to SGD. Standardised features (`standardise`, each scaled to unit spread) are
+what `head_init: fitted` starts training from, and what the look scores with it: such a head
+uses tiny features at full weight. It tells apart networks whose
 random features already separate the classes from those whose features cannot (a network that
 averages every position before anything mixes them is blind to order), for the price of forward
 passes over a sample of the training data: no backward pass, no optimiser. Whether a network
@@ -27,9 +31,10 @@ from einspace.network.compiler import ClassificationHead
 __all__ = ["FIT_EXAMPLES", "HEAD_INITS", "RIDGE", "fit_head", "head_fit_problem"]
 #: Training examples the head is fitted on: a sample drawn with the run's data-order generator.
 FIT_EXAMPLES = 1024
-#: The ridge penalty per example, on standardised features (each feature's squared norm is the
-#: number of examples, so this is a fraction of it): enough to keep a fit on more features than
-#: classes from memorising the sample, small against any feature that carries signal.
+#: The ridge penalty per example: against a feature of unit spread (a normalised one; every
+#: standardised one) whose squared norm is the number of examples, a fraction of it: enough to keep
+#: a fit on more features than classes from memorising the sample, small against any such feature
+#: that carries signal. Raw features of a much smaller spread are shrunk to nothing.
 RIDGE = 0.01
 
 
@@ -49,13 +54,15 @@ def fit_head(
     batch_size: int,
     order: torch.Generator,
     training: bool = False,
+    standardise: bool = False,
 ) -> tuple[float, float]:
     """Set the head's linear layer of `network` (backbone, then a ClassificationHead) to the ridge
     fit on up to FIT_EXAMPLES rows of `data` drawn with `order`; returns the fitted network's
     (loss, metric) on them. `batch(x, y, index)` moves rows to the device (`Runtime.batch`). The
     features are those of eval mode, as the network is scored (batch norm at initialisation is
     the identity), or with `training` those that training sees (batch norm on the statistics of
-    each batch of `batch_size`; its running statistics are left as they were)."""
+    each batch of `batch_size`; its running statistics are left as they were); with `standardise`
+    each feature is scaled to unit spread first."""
     with torch.no_grad():  # a block, not a decorator: mutation testing skips decorated functions
         head = network.head
         if not isinstance(head, ClassificationHead):
@@ -78,7 +85,8 @@ def fit_head(
         if not torch.isfinite(f).all():
             raise EvaluationFailed("the untrained network's features are not finite: no head can be fitted")
         mean, scale = f.mean(0), f.std(0, correction=0)
-        scale = torch.where(scale > 1e-12 * (1 + mean.abs()), scale, torch.ones_like(scale))
+        constant = scale <= 1e-12 * (1 + mean.abs())
+        scale = torch.where(constant | (not standardise), torch.ones_like(scale), scale)
         z = (f - mean) / scale
         onehot = F.one_hot(labels, head.linear.out_features).double()
         centre = onehot.mean(0)

@@ -29,6 +29,7 @@ import math
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -372,15 +373,13 @@ def _train(
         eval_x, eval_y = runtime.data(*evaluation, key=data_keys[1])
         laps("data")
         progress.device_started = time.perf_counter()
+        fitted = settings.head_init == "fitted"  # the look at 0 epochs scores what training starts from
+        fit = partial(fit_head, model, train_data, objective, runtime.batch)
         if settings.epochs == 0:
-            done = _Epochs(
-                *fit_head(model, train_data, objective, runtime.batch, settings.eval_batch_size, shuffle)
-            )
+            done = _Epochs(*fit(settings.eval_batch_size, shuffle, standardise=fitted))
         else:
-            if settings.head_init == "fitted" and start == 0 and not built.metrics.get("inherited_head"):
-                fit_head(
-                    model, train_data, objective, runtime.batch, settings.batch_size, shuffle, training=True
-                )
+            if fitted and start == 0 and not built.metrics.get("inherited_head"):
+                fit(settings.batch_size, shuffle, training=True, standardise=True)
             epochs = range(start, settings.epochs)
             done = _train_epochs(
                 built, objective, train_data, settings, runtime, epochs, shuffle, progress, budget, laps

@@ -4,6 +4,7 @@ and `head_init: fitted`, the same fit as the start of training."""
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from pathlib import Path
 
@@ -31,10 +32,13 @@ def _rows(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> tuple[torch.
     return x[index], y[index]
 
 
-def _ridge_by_numpy(features: np.ndarray, labels: np.ndarray, classes: int) -> np.ndarray:
+def _ridge_by_numpy(
+    features: np.ndarray, labels: np.ndarray, classes: int, standardise: bool = False
+) -> np.ndarray:
     """The ridge fit's predictions, solved as an augmented least-squares problem (another solver
-    than the module's normal equations): standardised features, centred one-hot targets."""
-    mean, scale = features.mean(0), features.std(0)
+    than the module's normal equations): centred (`standardise`: and scaled) features, centred
+    one-hot targets."""
+    mean, scale = features.mean(0), features.std(0) if standardise else 1.0
     z = (features - mean) / scale
     onehot = np.eye(classes)[labels]
     centre = onehot.mean(0)
@@ -45,27 +49,61 @@ def _ridge_by_numpy(features: np.ndarray, labels: np.ndarray, classes: int) -> n
     return z @ weights + centre
 
 
+@pytest.mark.parametrize("standardise", [False, True])
 @pytest.mark.parametrize(
     "pooling, axes, n", [("mean", (2, 3), 200), ("max", (2, 3), 200), ("mean", (2, 3), 9)]
 )
-def test_the_head_is_the_ridge_fit_of_the_pooled_features(pooling: str, axes: tuple, n: int) -> None:
-    """Against numpy's least squares on the augmented system; 9 examples (fewer than features)
-    make the standardisation's divisor (n, not n - 1) visible."""
+def test_the_head_is_the_ridge_fit_of_the_pooled_features(
+    pooling: str, axes: tuple, n: int, standardise: bool
+) -> None:
+    """Against numpy's least squares on the augmented system, on raw or standardised features; 9
+    examples (fewer than features) make the standardisation's divisor (n, not n - 1) visible."""
     torch.manual_seed(0)
     x, y = torch.randn(n, 3, 6, 6), torch.arange(n) % 4
     network = compile_network(parse_tree(CONV_ACT), input_state((3, 6, 6)), 4, PAPER, pooling=pooling)
     before = {k: v.clone() for k, v in network.backbone.state_dict().items()}
-    loss, accuracy = fit_head(network, (x, y), Classification(4), _rows, 64, torch.Generator().manual_seed(0))
+    order = torch.Generator().manual_seed(0)
+    loss, accuracy = fit_head(network, (x, y), Classification(4), _rows, 64, order, standardise=standardise)
     with torch.no_grad():
         maps = network.backbone(x).double().numpy()
         logits = network(x).double().numpy()
     features = maps.mean(axes) if pooling == "mean" else maps.max(axes)
-    np.testing.assert_allclose(logits, _ridge_by_numpy(features, y.numpy(), 4), atol=2e-4)
+    np.testing.assert_allclose(logits, _ridge_by_numpy(features, y.numpy(), 4, standardise), atol=2e-4)
     assert accuracy == pytest.approx(float((logits.argmax(1) == y.numpy()).mean()))
     expected_loss = torch.nn.functional.cross_entropy(torch.from_numpy(logits), y).item()
     assert loss == pytest.approx(expected_loss, abs=1e-4)
     after = network.backbone.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the backbone stays untrained
+
+
+def test_raw_features_of_a_tiny_spread_are_shrunk_away_and_standardised_ones_are_not() -> None:
+    """The backbone's features scaled by 1e-4: standardised, the fit scores as unscaled (the head
+    undoes the scale); raw, the ridge penalty shrinks the head to the class frequencies, as SGD
+    from a random head barely moves on such features."""
+
+    class Times(torch.nn.Module):
+        def __init__(self, factor: float):
+            super().__init__()
+            self.factor = factor
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.factor * x
+
+    torch.manual_seed(0)
+    x, y = torch.randn(200, 3, 6, 6), torch.arange(200) % 4
+    torch.manual_seed(1)
+    network = compile_network(parse_tree(CONV_ACT), input_state((3, 6, 6)), 4, PAPER)
+    backbone, accuracy = network.backbone, {}
+    for factor in (1.0, 1e-4):
+        network.backbone = torch.nn.Sequential(backbone, Times(factor))
+        for standardise in (False, True):
+            order = torch.Generator().manual_seed(0)
+            _, accuracy[factor, standardise] = fit_head(
+                network, (x, y), Classification(4), _rows, 64, order, standardise=standardise
+            )
+    assert accuracy[1.0, True] == accuracy[1e-4, True] > 0.4
+    assert accuracy[1.0, False] > 0.35 and accuracy[1e-4, False] <= 0.3, accuracy
+    assert network.head.linear.weight.abs().max() > 1e3  # the standardised fit undid the scale
 
 
 def test_the_fit_uses_a_seeded_sample_of_fit_examples() -> None:
@@ -191,13 +229,15 @@ def test_in_training_mode_the_fit_sees_batch_statistics_and_leaves_the_running_o
         network = compile_network(parse_tree(NORMED), input_state((3, 6, 6)), 4, PAPER)
         buffers = {k: v.clone() for k, v in network.named_buffers()}
         assert buffers  # the network has batch norm
-        fit_head(network, (x, y), Classification(4), _rows, 128, torch.Generator(), training=training)
+        fit_head(
+            network, (x, y), Classification(4), _rows, 128, torch.Generator(), training, standardise=True
+        )
         assert all(torch.equal(buffers[k], v) for k, v in network.named_buffers())
         with torch.no_grad():
             probe = copy.deepcopy(network).train(training)
             features = probe.head.features(probe.backbone(x)).double().numpy()
             logits = network.head.linear(torch.from_numpy(features).float()).double().numpy()
-        np.testing.assert_allclose(logits, _ridge_by_numpy(features, y.numpy(), 4), atol=2e-4)
+        np.testing.assert_allclose(logits, _ridge_by_numpy(features, y.numpy(), 4, True), atol=2e-4)
         fitted[training] = network.head.linear.weight.detach().clone()
     assert not torch.allclose(fitted[False], fitted[True])
 
@@ -219,25 +259,33 @@ def test_head_init_fitted_starts_training_from_the_fitted_head(tmp_path: Path) -
 
 def test_head_init_fitted_fits_once_on_the_features_training_sees(tmp_path: Path, monkeypatch) -> None:
     """The evaluator's fit for the start of training is in training mode (batch norm on batch
-    statistics; eval mode is the identity at initialisation), at the training batch size, once."""
+    statistics; eval mode is the identity at initialisation), at the training batch size, once,
+    on standardised features. The look at 0 epochs scores what the training rungs start from: raw
+    features with the random head, standardised ones with the fitted head."""
     import einspace.evaluators.training as training
 
     calls = []
 
     def recording(*args, **kwargs):
-        calls.append((args[4], kwargs.get("training", args[6] if len(args) > 6 else False)))
+        bound = inspect.signature(fit_head).bind(*args, **kwargs)
+        bound.apply_defaults()
+        calls.append(tuple(bound.arguments[k] for k in ("batch_size", "training", "standardise")))
         return fit_head(*args, **kwargs)
 
     monkeypatch.setattr(training, "fit_head", recording)
     settings = {"dataset": order_task(tmp_path / "order.npz"), "epochs": 1, "batch_size": 50}
     settings |= {"threads": 1, "device": "cpu", "head_init": "fitted"}
     assert run_task(Task(CONV_ACT, "einspace", (2, 1, 24), "training", settings)).ok
-    assert calls == [(50, True)]
+    assert calls == [(50, True, True)]
     calls.clear()
     assert run_task(
         Task(CONV_ACT, "einspace", (2, 1, 24), "training", {**settings, "head_init": "random"})
     ).ok
     assert calls == []
+    for init, standardised in (("random", False), ("fitted", True)):
+        look = {**settings, "epochs": 0, "eval_batch_size": 64, "head_init": init}
+        assert run_task(Task(CONV_ACT, "einspace", (2, 1, 24), "training", look)).ok
+        assert calls.pop() == (64, False, standardised)
 
 
 def test_head_init_fitted_on_regression_is_refused_before_the_search(tmp_path: Path) -> None:
