@@ -9,11 +9,11 @@ are, so that the look scores what training from a random head can use: a feature
 far below the penalty's scale (a softmax over 512 channels varies by about 1/512) is as good as
 absent, as it is to SGD. Standardised features (`standardise`, each scaled to unit spread) are
 what `head_init: fitted` starts training from, and what the look scores with it: such a head
-uses tiny features at full weight. It tells apart networks whose
-random features already separate the classes from those whose features cannot (a network that
-averages every position before anything mixes them is blind to order), for the price of forward
-passes over a sample of the training data: no backward pass, no optimiser. Whether a network
-that passes this look also trains well is the next rung's question.
+uses tiny features at full weight. It tells apart networks whose random features already
+separate the classes from those whose features cannot (a network that averages every position
+before anything mixes them is blind to order), for the price of forward passes over a sample of
+the training data: no backward pass, no optimiser. Whether a network that passes this look also
+trains well is the next rung's question.
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ def fit_head(
         f, labels = torch.cat(features), torch.cat(targets)
         if not torch.isfinite(f).all():
             raise EvaluationFailed("the untrained network's features are not finite: no head can be fitted")
-        mean, scale = f.mean(0), f.std(0, correction=0)
-        constant = scale <= 1e-12 * (1 + mean.abs())
-        scale = torch.where(constant | (not standardise), torch.ones_like(scale), scale)
+        mean = f.mean(0)
+        scale = f.std(0, correction=0) if standardise else torch.ones_like(mean)
+        scale = torch.where(scale > 1e-12 * (1 + mean.abs()), scale, torch.ones_like(scale))
         z = (f - mean) / scale
         onehot = F.one_hot(labels, head.linear.out_features).double()
         centre = onehot.mean(0)
