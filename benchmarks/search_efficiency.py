@@ -101,12 +101,13 @@ Output goes to `--out` (default runs/search_efficiency).
     python benchmarks/search_efficiency.py --tasks motifs --head-pooling max   # max head, not mean
     python benchmarks/search_efficiency.py --tasks motifs --head-init fitted   # a linear probe first
 
-`--optimizer`, `--lr`, `--head-pooling` and `--head-init` replace the recipe's settings for the
-searches and their retraining; the baselines train with the optimiser given and keep their own
-heads. `--population` and `--tournament` replace RE's, `--min-params` and `--min-flops` set the
-limits that keep degenerate candidates out. `--keep-runs` keeps every search's run directory
-under OUT/runs/TASK_METHOD_SEED/run (for `einspace report`, or to replay its history with
-`benchmarks/surrogate_ranking.py`); otherwise they are thrown away.
+`--optimizer`, `--lr`, `--max-grad-norm`, `--head-pooling` and `--head-init` replace the recipe's
+settings for the searches and their retraining; the baselines train with the optimiser and
+clipping given and keep their own heads. `--population` and `--tournament` replace RE's,
+`--min-params` and `--min-flops` set the limits that keep degenerate candidates out.
+`--keep-runs` keeps every search's run directory under OUT/runs/TASK_METHOD_SEED/run (for
+`einspace report`, or to replay its history with `benchmarks/surrogate_ranking.py`); otherwise
+they are thrown away.
 """
 
 from __future__ import annotations
@@ -1004,6 +1005,11 @@ def main() -> None:
         "probe before training",
     )
     parser.add_argument(
+        "--max-grad-norm",
+        type=float,
+        help="clip each step's gradients to this norm (the recipe: none): searches, baselines, retraining",
+    )
+    parser.add_argument(
         "--min-params", type=int, help="the limit min_params for the searches (default 0: none)"
     )
     parser.add_argument(
@@ -1026,6 +1032,7 @@ def main() -> None:
         ("lr", args.lr),
         ("head_pooling", args.head_pooling),
         ("head_init", args.head_init),
+        ("max_grad_norm", args.max_grad_norm),
     )
     overrides = tuple((k, v) for k, v in given if v is not None)
     evolution = tuple(

@@ -34,6 +34,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--weight-decay", type=float, help="default 3e-4")
     evaluate.add_argument("--schedule", choices=SCHEDULES, help="default cosine")
     evaluate.add_argument("--max-seconds", type=float, help="give up after this long")
+    evaluate.add_argument("--max-grad-norm", type=float, help="clip each step's gradients to this norm")
     evaluate.add_argument("--head-pooling", metavar="POOLING", help="mean (the paper's, default) or max")
     evaluate.add_argument(
         "--head-init", choices=HEAD_INITS, help="random (default), or fitted in closed form before training"
@@ -56,6 +57,7 @@ _OVERRIDES = {
     "weight_decay": "weight_decay",
     "schedule": "schedule",
     "max_seconds": "max_seconds",
+    "max_grad_norm": "max_grad_norm",
     "head_pooling": "head_pooling",
     "head_init": "head_init",
     "device": "device",

@@ -99,12 +99,21 @@ class Optimizers:
     """The optimisers of one training run (one per optimiser kind in use), stepped together.
 
     Each torch optimiser holds the parameter groups that use it, and a LambdaLR with one
-    factor per group that `schedule_step` advances once per batch.
+    factor per group that `schedule_step` advances once per batch. With `max_grad_norm` a step
+    first scales the gradients of all parameters together down to that norm where above it, and
+    counts the steps it did so in (`clipped_share`).
     """
 
-    def __init__(self, pairs: list[tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]]):
+    def __init__(
+        self,
+        pairs: list[tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]],
+        max_grad_norm: float | None = None,
+    ):
         self.optimizers = [optimizer for optimizer, _ in pairs]
         self.schedulers = [scheduler for _, scheduler in pairs]
+        self.max_grad_norm = max_grad_norm
+        self.steps = 0
+        self.clipped: torch.Tensor | float = 0.0  # a tensor on the gradients' device once counted
 
     def _param_groups(self) -> list[dict[str, Any]]:
         """Every parameter group of every optimiser, each named by its kind (`name`)."""
@@ -117,11 +126,29 @@ class Optimizers:
             optimizer.zero_grad(set_to_none=True)
 
     def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        if self.max_grad_norm is not None:
+            self._clip(scaler)
         for optimizer in self.optimizers:
             if scaler is None:
                 optimizer.step()
             else:
                 scaler.step(optimizer)
+
+    def _clip(self, scaler: torch.amp.GradScaler | None) -> None:
+        if scaler is not None:  # clip the true gradients, not the loss-scaled ones
+            for optimizer in self.optimizers:
+                scaler.unscale_(optimizer)
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        self.clipped = self.clipped + (norm > self.max_grad_norm)  # no sync: a GPU is not waited for
+        self.steps += 1
+
+    def clipped_share(self) -> float | None:
+        """The share of this run's steps whose gradients were clipped (None: no `max_grad_norm`,
+        or no step)."""
+        if self.max_grad_norm is None or not self.steps:
+            return None
+        return float(self.clipped) / max(1, self.steps)
 
     def schedule_step(self) -> None:
         for scheduler in self.schedulers:
@@ -174,11 +201,12 @@ def build_optimizer(
     steps_per_epoch: int,
     epochs: int,
     overrides: dict[str, dict[str, Any]] | None = None,
+    max_grad_norm: float | None = None,
 ) -> Optimizers:
     """The optimisers over the parameter groups, with schedules to step once per batch.
 
     A group's learning rate is its lr (or lr × lr_scale) × schedule(step) × its warm-up ramp,
-    and zero during its frozen epochs.
+    and zero during its frozen epochs. `max_grad_norm` clips all groups' gradients together.
     """
     overrides = overrides or {}
     check_param_groups(overrides)
@@ -210,7 +238,7 @@ def build_optimizer(
     for name, (param_groups, factors) in by_optimizer.items():
         stepper = OPTIMIZERS[name](param_groups, lr=lr)
         pairs.append((stepper, torch.optim.lr_scheduler.LambdaLR(stepper, factors)))
-    return Optimizers(pairs)
+    return Optimizers(pairs, max_grad_norm)
 
 
 def _options(kind: str, given: dict[str, Any]) -> dict[str, Any]:

@@ -83,6 +83,7 @@ class TrainingSettings:
     milestones: tuple[float, ...] = (0.5, 0.75)  # step schedule: fractions of training
     gamma: float = 0.1  # step schedule: factor at each milestone
     label_smoothing: float = 0.0
+    max_grad_norm: float | None = None  # clip the gradients' global norm to this before each step
     head_pooling: str = "mean"  # mean (the paper's head) | max: how the head pools positions
     # random | fitted: before the first epoch (unless the head is inherited), the head's linear layer
     # is fitted in closed form to the backbone's features (einspace.evaluators.head_fit)
@@ -155,7 +156,7 @@ class TrainingSettings:
             self.metric in (None, "accuracy", "relative_l2"),
             f"unknown metric {self.metric!r}; expected accuracy or relative_l2",
         )
-        for name in ("train_subset", "valid_subset", "max_seconds", "threads"):
+        for name in ("train_subset", "valid_subset", "max_seconds", "threads", "max_grad_norm"):
             value = getattr(self, name)
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             require(value is None or number and value > 0, f"setting {name} must be positive or null")
@@ -173,6 +174,7 @@ class TrainingSettings:
     def optimizer_options(self) -> dict[str, Any]:
         """`build_optimizer`'s options from these settings (all but the schedule's length)."""
         names = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "schedule", "milestones", "gamma")
+        names += ("max_grad_norm",)
         return {**{name: getattr(self, name) for name in names}, "overrides": self.param_groups}
 
     def budget_settings(self) -> dict[str, Any]:
@@ -398,6 +400,8 @@ def _train(
             extras.update(built.lineage.save(model))
         if settings.step_mode != "eager":
             extras["step_mode_applied"] = float(done.applied)
+        if (clipped := built.optimizers.clipped_share()) is not None:
+            extras["clipped_steps"] = clipped
     except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
         if out_of_memory(exc):
             runtime.release()

@@ -240,6 +240,7 @@ BAD_TRAINING_SETTINGS: list[tuple[dict, str]] = [
     ({"head_pooling": "median"}, "setting head_pooling must be one of mean, max, got 'median'"),
     ({"epochs": -1}, "setting epochs must be an integer >= 0, got -1"),
     ({"head_init": "probe"}, "setting head_init must be one of random, fitted, got 'probe'"),
+    ({"max_grad_norm": 0}, "setting max_grad_norm must be positive or null"),
     (
         {"step_mode": "jit"},
         "setting step_mode must be one of eager, cuda_graphs, compile, compile_cuda_graphs, got 'jit'",
