@@ -57,9 +57,10 @@ Tasks, none downloaded (generated ones are written as .npz under OUT/data):
                field) is far from the ceiling that a small CNN with a flattening head reaches.
 
 The recipe, printed at the start, is experiments/quickstart.yaml's (grammar limits, training
-evaluator with one thread, batch 128, its FLOP and activation budgets, training from a fitted
-head with gradients clipped to norm 1, RE's population and tournament) with 8 epochs and, per task, a time limit of 4-6x the seed's training time on an
-idle core (a wall-clock limit: on a loaded machine evaluations near it fail, which counts as waste).
+evaluator with one thread, batch 128, its FLOP and activation budgets, training from a fitted head
+with gradients clipped to norm 1, RE's population and tournament) with 8 epochs and, per task, a
+time limit of 4-6x the seed's training time on an idle core (a wall-clock limit: on a loaded
+machine evaluations near it fail, which counts as waste).
 
 Beside them, trained in the same run with the same epochs, batch size, optimiser and threads (not
 clipped), in plain torch: an MLP (two hidden layers of 256), a small CNN (two conv-BN-ReLU-max-pool blocks
