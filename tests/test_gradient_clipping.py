@@ -22,12 +22,12 @@ from einspace.evaluators.training import TrainingSettings
 CONV = "(S (R1 im2col(k=3, s=1, p=1)) (M (C linear(d=16))) (R2 col2im))"
 
 
-def _sgd(model: nn.Module, **changes: Any) -> Optimizers:
-    settings: dict[str, Any] = dict(
-        lr=0.5, momentum=0.0, weight_decay=0.0, nesterov=False, schedule="constant",
-        milestones=(), gamma=0.1, steps_per_epoch=4, epochs=2,
-    )  # fmt: skip
-    return build_optimizer(model, **{**settings, **changes})
+def _sgd(model: nn.Module, max_grad_norm: float | None = None) -> Optimizers:
+    """Plain SGD at lr 0.5 (no momentum, decay or schedule), as training settings build it."""
+    plain = TrainingSettings(
+        lr=0.5, momentum=0.0, weight_decay=0.0, schedule="constant", max_grad_norm=max_grad_norm
+    )
+    return build_optimizer(model, steps_per_epoch=4, epochs=2, **plain.optimizer_options())
 
 
 def _step(optimizers: Optimizers, model: nn.Linear, weight_grad: list[float], bias_grad: float) -> None:
