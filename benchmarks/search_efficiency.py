@@ -63,8 +63,8 @@ time limit of 4-6x the seed's training time on an idle core (a wall-clock limit:
 machine evaluations near it fail, which counts as waste).
 
 Beside them, trained in the same run with the same epochs, batch size, optimiser and threads (not
-clipped), in plain torch: an MLP (two hidden layers of 256), a small CNN (two conv-BN-ReLU-max-pool blocks
-of 32 and 64 channels, 3x3, or 5-tap on 1-pixel-high images, then a hidden layer of 128), and
+clipped), in plain torch: an MLP (two hidden layers of 256), a small CNN (two conv-BN-ReLU-max-pool
+blocks of 32 and 64 channels, 3x3, or 5-tap on 1-pixel-high images, then a hidden layer of 128), and
 CNN-mean, the same without max-pooling and with the grammar's head (a linear layer of the mean
 over positions), the kind of network the paper's grammar writes at its best. Test
 accuracies, the searches' and the baselines', are of a retraining on train+valid with the recipe
@@ -105,11 +105,10 @@ Output goes to `--out` (default runs/search_efficiency).
 `--optimizer`, `--lr`, `--max-grad-norm` (0: none), `--head-pooling` and `--head-init` replace the
 recipe's settings for the searches and their retraining; the baselines train with the optimiser
 given, keep their own heads and are not clipped (clipping guards a fitted head, and slows plain
-CNNs). `--population` and `--tournament` replace RE's,
-`--min-params` and `--min-flops` set the limits that keep degenerate candidates out.
-`--keep-runs` keeps every search's run directory under OUT/runs/TASK_METHOD_SEED/run (for
-`einspace report`, or to replay its history with `benchmarks/surrogate_ranking.py`); otherwise
-they are thrown away.
+CNNs). `--population` and `--tournament` replace RE's, `--min-params` and `--min-flops` set the
+limits that keep degenerate candidates out. `--keep-runs` keeps every search's run directory
+under OUT/runs/TASK_METHOD_SEED/run (for `einspace report`, or to replay its history with
+`benchmarks/surrogate_ranking.py`); otherwise they are thrown away.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ class Optimizers:
         or no step)."""
         if self.max_grad_norm is None or not self.steps:
             return None
-        return float(self.clipped) / max(1, self.steps)
+        return float(self.clipped) / self.steps
 
     def schedule_step(self) -> None:
         for scheduler in self.schedulers:
