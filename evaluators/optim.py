@@ -112,6 +112,7 @@ class Optimizers:
         self.optimizers = [optimizer for optimizer, _ in pairs]
         self.schedulers = [scheduler for _, scheduler in pairs]
         self.max_grad_norm = max_grad_norm
+        self.parameters = [p for group in self.param_groups for p in group["params"]]  # what clipping sees
         self.steps = 0
         self.clipped: torch.Tensor | float = 0.0  # a tensor on the gradients' device once counted
 
@@ -138,8 +139,7 @@ class Optimizers:
         if scaler is not None:  # clip the true gradients, not the loss-scaled ones
             for optimizer in self.optimizers:
                 scaler.unscale_(optimizer)
-        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)  # skips grad None
         self.clipped = self.clipped + (norm > self.max_grad_norm)  # no sync: a GPU is not waited for
         self.steps += 1
 
