@@ -135,6 +135,7 @@ class Task:
     mode: str | None = None  # input mode; None: from the rank
     random_seed: int = 0
     fidelity: int | None = None  # the evaluator's `fidelity_setting` for this run (None: its own)
+    top_fidelity: int | None = None  # the top rung's fidelity, when `fidelity` is a rung's
     continuation: Continuation | None = None  # only for evaluators that `continues`
     inheritance: Inheritance | None = None  # only for evaluators that `inherits`
 
@@ -209,6 +210,9 @@ class Evaluator(ABC):
     #: The integer setting a task's `fidelity` overrides (multi-fidelity search trains the same tree
     #: at increasing values of it), or None for an evaluator with no notion of fidelity.
     fidelity_setting: ClassVar[str | None] = None
+    #: The setting that hears a rung's task of the top rung's fidelity (`Task.top_fidelity`), so
+    #: that a lower rung can refuse a tree that could never be trained at the top; None: not told.
+    top_fidelity_setting: ClassVar[str | None] = None
     #: Whether `evaluate_continued` can train on from a saved state (`Continuation`), so that
     #: multi-fidelity search promotes without training again from scratch.
     continues: ClassVar[bool] = False
@@ -278,13 +282,17 @@ def list_evaluators() -> list[str]:
 
 
 def task_settings(task: Task) -> dict[str, Any]:
-    """The evaluator settings of a task, its fidelity (if any) in the evaluator's fidelity setting."""
+    """The evaluator settings of a task, its fidelity (if any) in the evaluator's fidelity setting
+    and the top rung's in its top-fidelity setting (where it has one)."""
     if task.fidelity is None:
         return dict(task.settings)
-    setting = EVALUATORS.get(task.evaluator).fidelity_setting
-    if setting is None:
+    cls = EVALUATORS.get(task.evaluator)
+    if cls.fidelity_setting is None:
         raise EinspaceError(f"evaluator {task.evaluator!r} has no fidelity to set to {task.fidelity}")
-    return {**task.settings, setting: task.fidelity}
+    top = {}
+    if cls.top_fidelity_setting is not None and task.top_fidelity is not None:
+        top = {cls.top_fidelity_setting: task.top_fidelity}
+    return {**task.settings, cls.fidelity_setting: task.fidelity, **top}
 
 
 class _Meter:

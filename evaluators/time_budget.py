@@ -18,7 +18,7 @@ from einspace.evaluators.time_model import Forecast, Workload, calibrated
 if TYPE_CHECKING:
     from einspace.checker import CheckedTree
     from einspace.evaluators.objectives import Objective
-    from einspace.evaluators.training import TrainingSettings
+    from einspace.evaluators.training_settings import TrainingSettings
 
 __all__ = ["PROJECTION_STEPS", "Laps", "Progress", "Projection", "forecast_run"]
 
@@ -56,7 +56,10 @@ def forecast_run(
 ) -> Forecast | None:
     """The predicted time of a run of `epochs` (default: the settings') under a time budget
     (None: no budget, or no calibration on this device). Refuses, before anything is built, a
-    tree predicted to take more than `predicted_time_margin` times the budget."""
+    tree predicted to take more than `predicted_time_margin` times the budget; on a lower rung of
+    a multi-fidelity search (`top_epochs`), also one whose training for the top rung's epochs
+    (from scratch, as a run without rungs would train) is predicted to, since it could never be
+    promoted to the top and every rung it trained on would be wasted."""
     if settings.max_seconds is None:
         return None
     device = resolve_device(settings.device)
@@ -64,22 +67,32 @@ def forecast_run(
     if model is None:
         return None
     workload = Workload.of(checked, objective.budget_classes)
-    forecast = model.forecast(
-        workload,
-        settings.epochs if epochs is None else epochs,
-        examples,
-        settings.batch_size,
-        eval_examples,
-        settings.eval_batch_size,
-    )
-    limit = settings.predicted_time_margin * settings.max_seconds
-    if forecast.seconds > limit:
-        raise EvaluationFailed(
-            f"predicted {forecast} exceeds the time budget of {settings.max_seconds:g} s "
-            f"(refused beyond {settings.predicted_time_margin:g}x the budget)",
-            {"epochs": 0.0, "steps": 0.0, "gpu_seconds": 0.0},
+
+    def predicted(epochs: int) -> Forecast:
+        return model.forecast(
+            workload, epochs, examples, settings.batch_size, eval_examples, settings.eval_batch_size
+        )
+
+    forecast = predicted(settings.epochs if epochs is None else epochs)
+    _refuse_beyond_margin(forecast, settings, "")
+    top = settings.top_epochs
+    if top is not None and top > settings.epochs:
+        _refuse_beyond_margin(
+            predicted(top), settings, f", so it could never train at the top rung ({top} epochs)"
         )
     return forecast
+
+
+def _refuse_beyond_margin(forecast: Forecast, settings: TrainingSettings, consequence: str) -> None:
+    """Raise EvaluationFailed, with nothing trained, if `forecast` exceeds `predicted_time_margin`
+    times the time budget (`consequence` ends the reason)."""
+    assert settings.max_seconds is not None
+    if forecast.seconds > settings.predicted_time_margin * settings.max_seconds:
+        raise EvaluationFailed(
+            f"predicted {forecast} exceeds the time budget of {settings.max_seconds:g} s "
+            f"(refused beyond {settings.predicted_time_margin:g}x the budget){consequence}",
+            {"epochs": 0.0, "steps": 0.0, "gpu_seconds": 0.0},
+        )
 
 
 class Progress:

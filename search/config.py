@@ -389,9 +389,12 @@ class Experiment:
     def task(  # noqa: ANN201 - Task
         self, tree: str, fidelity: int | None = None, continuation: Any = None, inheritance: Any = None
     ):
-        """The evaluation of `tree` at `fidelity` (a `Continuation`: going on from a saved state;
-        an `Inheritance`: starting from a parent's weights)."""
+        """The evaluation of `tree` at `fidelity`, a rung of a multi-fidelity search (a
+        `Continuation`: going on from a saved state; an `Inheritance`: starting from a parent's
+        weights)."""
         from einspace.evaluators.base import Task
+
+        top = self.multi_fidelity.max_fidelity if fidelity is not None else None
 
         return Task(
             tree=tree,
@@ -402,6 +405,7 @@ class Experiment:
             mode=self.input.mode,
             random_seed=self.random_seed,
             fidelity=fidelity,
+            top_fidelity=top,
             continuation=continuation,
             inheritance=inheritance,
         )

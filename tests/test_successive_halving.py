@@ -14,6 +14,7 @@ from search_helpers import BASE, experiment, history_key, merge
 from einspace import Limits, input_state, load_grammar
 from einspace.cli import main
 from einspace.errors import EinspaceError
+from einspace.evaluators.base import task_settings
 from einspace.search.config import ConfigError
 from einspace.search.loop import SearchRun
 from einspace.search.strategy import SearchSpace, get_strategy
@@ -313,6 +314,23 @@ def test_a_search_trains_each_rung_at_its_fidelity_and_resumes_exactly(tmp_path,
     with SearchRun.start(e2) as run:
         assert run.run(e2.make_executor()).finished
         assert history_key(run.store.history()) == history_key(reference)
+
+
+def test_each_rung_s_task_names_the_top_rung_which_the_training_evaluator_hears(tmp_path):
+    e = experiment(
+        tmp_path,
+        evaluator={"name": "training", "settings": {"epochs": 8, "max_seconds": 5}},
+        multi_fidelity={"scheduler": "successive_halving", "max_fidelity": 4},
+    )
+    tree = "(M (C leaky_relu))"
+    for fidelity in (1, 4):
+        task = e.task(tree, fidelity)
+        assert task.top_fidelity == 4
+        assert task_settings(task) == {"epochs": fidelity, "max_seconds": 5, "top_epochs": 4}
+    whole = e.task(tree)  # not a rung: the run is its own top
+    assert whole.top_fidelity is None and task_settings(whole) == {"epochs": 8, "max_seconds": 5}
+    other = sh_experiment(tmp_path / "other")  # an evaluator without a top-fidelity setting
+    assert task_settings(other.task(tree, 3)) == {"epochs": 3}
 
 
 def test_async_search_with_kills_promotes_nothing_twice(tmp_path):

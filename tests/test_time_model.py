@@ -3,6 +3,7 @@ after a few steps, partial results, and the progress every run reports."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -134,6 +135,40 @@ def test_trees_predicted_beyond_the_margin_are_refused_before_they_are_built(
     )
     assert result.error == expected
     assert (result.cost.steps, result.cost.epochs, result.cost.gpu_seconds) == (0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "max_seconds, top, refused",
+    [(10.0, 4, True), (10.0, 2, True), (10.9, 2, False), (10.0, 1, False), (10.0, None, False)],
+)
+def test_a_lower_rung_refuses_a_tree_that_could_never_train_at_the_top(
+    monkeypatch: pytest.MonkeyPatch, max_seconds: float, top: int | None, refused: bool
+) -> None:
+    """1 epoch (a rung) is predicted at 16.6 s, within 3x the budget; the top rung's 2 epochs at
+    32.6 s and 4 at 64.6 s, from scratch: beyond 3 x 10 s = 30 s, within 3 x 10.9 s = 32.7 s."""
+    _uses(monkeypatch, _model(1.0, 0.5, 0.1))
+    if refused:
+        _builds(monkeypatch, None)  # building would crash the evaluation
+    task = _task({"max_seconds": max_seconds, "epochs": 4})
+    result = run_task(dataclasses.replace(task, fidelity=1, top_fidelity=top))
+    if not refused:
+        assert result.ok, result.error
+        assert result.metrics["predicted_seconds"] == pytest.approx(16.6)
+        return
+    assert not result.ok and result.cost.steps == 0
+    assert result.error.startswith(
+        f"predicted {16 * top + 0.6:g} s of training ({top} epochs x {STEPS} steps"
+    )
+    assert result.error.endswith(
+        f"exceeds the time budget of 10 s (refused beyond 3x the budget), so it could never train "
+        f"at the top rung ({top} epochs)"
+    )
+
+
+@pytest.mark.parametrize("top", [0, 2, True, "4"])
+def test_the_top_epochs_must_be_at_least_the_run_s(top: object) -> None:
+    result = run_task(_task({"epochs": 3, "top_epochs": top}))
+    assert not result.ok and "setting top_epochs must be null or an integer >= epochs (3)" in result.error
 
 
 @pytest.mark.parametrize("forecast", [_model(1e-6), None], ids=["predicted-fast", "no-calibration"])
