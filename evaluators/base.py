@@ -210,8 +210,8 @@ class Evaluator(ABC):
     #: The integer setting a task's `fidelity` overrides (multi-fidelity search trains the same tree
     #: at increasing values of it), or None for an evaluator with no notion of fidelity.
     fidelity_setting: ClassVar[str | None] = None
-    #: The setting that hears a rung's task of the top rung's fidelity (`Task.top_fidelity`), so
-    #: that a lower rung can refuse a tree that could never be trained at the top; None: not told.
+    #: The setting that receives a rung's `Task.top_fidelity` (the top rung's fidelity), so that
+    #: the evaluator can refuse a tree that could never be trained at the top; None: not told.
     top_fidelity_setting: ClassVar[str | None] = None
     #: Whether `evaluate_continued` can train on from a saved state (`Continuation`), so that
     #: multi-fidelity search promotes without training again from scratch.

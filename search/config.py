@@ -395,7 +395,6 @@ class Experiment:
         from einspace.evaluators.base import Task
 
         top = self.multi_fidelity.max_fidelity if fidelity is not None else None
-
         return Task(
             tree=tree,
             grammar=self.grammar,
