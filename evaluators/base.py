@@ -135,9 +135,10 @@ class Task:
     mode: str | None = None  # input mode; None: from the rank
     random_seed: int = 0
     fidelity: int | None = None  # the evaluator's `fidelity_setting` for this run (None: its own)
-    top_fidelity: int | None = None  # the top rung's fidelity, when `fidelity` is a rung's
     continuation: Continuation | None = None  # only for evaluators that `continues`
     inheritance: Inheritance | None = None  # only for evaluators that `inherits`
+    # the top rung's fidelity, when `fidelity` is a rung's (last, so positional tasks keep their meaning)
+    top_fidelity: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
