@@ -131,8 +131,17 @@ class TrainingSettings:
 
     def optimizer_options(self) -> dict[str, Any]:
         """`build_optimizer`'s options from these settings (all but the schedule's length)."""
-        names = ("optimizer", "lr", "momentum", "weight_decay", "nesterov", "schedule", "milestones", "gamma")
-        names += ("max_grad_norm",)
+        names = (
+            "optimizer",
+            "lr",
+            "momentum",
+            "weight_decay",
+            "nesterov",
+            "schedule",
+            "milestones",
+            "gamma",
+            "max_grad_norm",
+        )
         return {**{name: getattr(self, name) for name in names}, "overrides": self.param_groups}
 
     def budget_settings(self) -> dict[str, Any]:
