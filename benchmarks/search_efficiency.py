@@ -30,6 +30,11 @@ have spent it. Methods, each from scratch and seeded:
           highest rung it reached, and tournaments prefer members that reached a higher rung.
 - RE+SH0+eta9 (from scratch only): RE+SH0 with eta 9 (rungs of 0, 1 and 8 epochs): only the best
           ninth of each rung trains on, so more of the budget goes to looking at new trees.
+- RE+SH+p6, RE+SH0+p6 (from scratch only): RE+SH (RE+SH0) promoting the best sixth of each rung
+          (eta 6) over the same rungs (1, 3, 8; 0, 1, 3, 8). ASHA ranks a result against its whole
+          rung, and evolution's children beat the rung's early random trees, so at eta 3 it
+          promoted 41-57% of each rung rather than a third; at eta 6 it promotes 19-31%.
+          RE+all0+p6: RE+all0 promoting the same way.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -147,6 +152,7 @@ from einspace.evaluators.head_fit import HEAD_INITS
 from einspace.network.compiler import HEAD_POOLINGS
 from einspace.search.random_search import RandomSearch
 from einspace.search.strategy import register_strategy
+from einspace.search.successive_halving import default_rungs
 from einspace.tree import Node
 
 if TYPE_CHECKING:
@@ -169,6 +175,7 @@ TARGET_RHO = 0.5  # issue 26: the surrogate's rank correlation once 50 results a
 MUTATIONS = (("subtree", 1.0), ("insert", 1.0), ("remove", 1.0))  # +M: every operator alike
 SURROGATE_MIN_RESULTS = 20  # screened methods: plain RE until this many results are in
 ETA_WIDE = 9  # +eta9: successive halving promotes the best ninth, so more is spent on new trees
+ETA_SELECTIVE = 6  # +p6: the best sixth of each rung is promoted, over eta 3's rungs
 
 
 @register_strategy
@@ -271,6 +278,7 @@ class Method:
     first_rung: int = 1  # successive halving's lowest rung: 0 looks at the untrained network first
     strategy_fitness: str = "lowest_rung"  # highest_rung: RE hears promotions' results too
     eta: int = HALVING["eta"]  # successive halving promotes the best 1/eta of each rung
+    rung_eta: int | None = None  # the rungs of this eta (1, 3, 8), promotions by `eta` (None: the same)
 
     @property
     def everything(self) -> bool:
@@ -294,6 +302,19 @@ METHODS = {
     "RE+SH+H": Method("regularised_evolution", halving=True, strategy_fitness="highest_rung"),
     "RE+SH0+H": Method("regularised_evolution", halving=True, first_rung=0, strategy_fitness="highest_rung"),
     "RE+SH0+eta9": Method("regularised_evolution", halving=True, first_rung=0, eta=ETA_WIDE),
+    "RE+SH+p6": Method("regularised_evolution", halving=True, eta=ETA_SELECTIVE, rung_eta=HALVING["eta"]),
+    "RE+SH0+p6": Method(
+        "regularised_evolution", halving=True, first_rung=0, eta=ETA_SELECTIVE, rung_eta=HALVING["eta"]
+    ),
+    "RE+all0+p6": Method(
+        "regularised_evolution",
+        halving=True,
+        screen=SCREEN,
+        inherit=True,
+        first_rung=0,
+        eta=ETA_SELECTIVE,
+        rung_eta=HALVING["eta"],
+    ),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
@@ -382,6 +403,11 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
                     **HALVING,
                     "min_fidelity": method.first_rung,
                     "eta": method.eta,
+                    **(
+                        {"rungs": default_rungs(method.first_rung, EPOCHS, method.rung_eta)}
+                        if method.rung_eta
+                        else {}
+                    ),
                     "strategy_fitness": method.strategy_fitness,
                 }
             }
@@ -960,7 +986,6 @@ def recipe(
 ) -> str:
     """What every search and baseline shares, and what changes per task."""
     from einspace.evaluators.training import TrainingSettings
-    from einspace.search.successive_halving import default_rungs
 
     raw, defaults = quickstart(), TrainingSettings()
     settings = {
@@ -982,6 +1007,7 @@ def recipe(
         "RE+SH0": {**HALVING, "min_fidelity": 0, "rungs": default_rungs(0, EPOCHS, HALVING["eta"])},
         "+H": {"strategy_fitness": "highest_rung"},
         "+eta9": {"eta": ETA_WIDE, "rungs": default_rungs(0, EPOCHS, ETA_WIDE)},
+        "+p6": {"eta": ETA_SELECTIVE, "rungs": "RE+SH's or RE+SH0's"},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -138,6 +139,9 @@ class ComputeSummary:
     promoted: int = 0  # evaluations of a promoted tree (successive halving)
     resumable: int = 0  # of them, those from a rung that saves a state (any but 0 epochs)
     continued: int = 0  # of those, the ones that trained on from their lower rung's saved state
+    #: fidelity -> how many promotions started from a result at it (successive halving's
+    #: realised promotion rate, which an improving strategy pushes above 1/eta)
+    promoted_from: dict[int | None, int] = field(default_factory=dict)
 
     @property
     def wasted_share(self) -> float:
@@ -162,6 +166,7 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
     fidelity_of = dict(zip(h.id, h.fidelity, strict=True))
     resumable = [i for i in promoted if fidelity_of.get(next(iter(h.parents_of(i)), None)) != 0]
     continued = sum(h.metrics_of(i).get("continued_from_epoch", 0) > 0 for i in resumable)
+    promoted_from = Counter(fidelity_of.get(next(iter(h.parents_of(i)), None)) for i in promoted)
     wasted = sum(c for c, s in zip(h.compute, h.status, strict=True) if s == Status.FAILED)
     return ComputeSummary(
         totals[-1] if totals else 0.0,
@@ -172,6 +177,7 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
         len(promoted),
         len(resumable),
         continued,
+        dict(promoted_from),
     )
 
 

@@ -108,11 +108,15 @@ def compute_rows(
     details = _inheritance_rows(h) + _surrogate_rows(checkpoint)
     if set(s.by_fidelity) <= {None}:
         return rows, details
-    fidelities = []
+    fidelities, top = [], max(f for f in s.by_fidelity if f is not None)
     for fidelity in sorted(s.by_fidelity, key=lambda f: math.inf if f is None else f):
         n, seconds = s.by_fidelity[fidelity]
         label = "the evaluator's own" if fidelity is None else fidelity
-        fidelities.append((f"fidelity {label}", f"{n} evaluated, {seconds:.1f} s"))
+        spent = f"{n} evaluated, {seconds:.1f} s"
+        if fidelity is not None and fidelity != top:  # the top rung promotes none
+            promoted = s.promoted_from.get(fidelity, 0)
+            spent += f"; {promoted} promoted ({promoted / n:.0%})"
+        fidelities.append((f"fidelity {label}", spent))
     if s.resumable:
         fidelities.append(("promotions continued from a saved state", f"{s.continued} of {s.resumable}"))
     return rows, fidelities + details

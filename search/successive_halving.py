@@ -22,6 +22,11 @@ result (`Strategy.hear_promotion`), so that it can prefer what earned more train
 lowest rung is only a look at the untrained network, the architectures that went on to train well.
 Higher rungs decide what the run reports as its best (`einspace.search.compute.incumbent`).
 
+A result is ranked against every result its rung ever held, so under a strategy that improves (the
+children of regularised evolution beat its first random trees) far more than 1/eta of a rung is
+promoted; `einspace report` shows the share each rung promoted, and a larger eta over the same
+explicit rungs brings it down.
+
 Every rung's result is its own evaluation in the store (origin "promotion", the lower rung's
 evaluation as its parent), so a killed run resumes with nothing lost; promotions are part of the
 checkpoint, so none is made twice. Where the evaluator can (`Evaluator.continues`; multi_fidelity

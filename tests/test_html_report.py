@@ -135,7 +135,7 @@ def test_html_compute_table_gives_total_wasted_share_each_fidelity_and_partial_r
         ("wasted on failures", "2.0 s (12.5%)"),
         ("partial results kept (time budget)", "1"),
         ("best found after", "16.0 s"),
-        ("fidelity 1", "2 evaluated, 6.0 s"),
+        ("fidelity 1", "2 evaluated, 6.0 s; 0 promoted (0%)"),
         ("fidelity 3", "1 evaluated, 10.0 s"),
     ]
     assert "".join(f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in rows) in text

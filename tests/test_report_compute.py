@@ -16,7 +16,7 @@ from search_helpers import BASE, experiment, merge
 
 from einspace.cli import main
 from einspace.evaluators.base import Cost, EvaluationFailed, Evaluator, register_evaluator
-from einspace.search.compute import Tally
+from einspace.search.compute import Tally, summarise
 from einspace.search.config import parse_experiment
 from einspace.search.loop import STORE_NAME, open_store, run_search
 from einspace.search.progress import SearchProgress
@@ -96,10 +96,12 @@ def test_multi_fidelity_report_ranks_the_top_fidelity_first_and_spends_per_rung(
     text = report(_store(tmp_path, history), plot=False)
     assert _compute_lines(text) == [
         "compute: total 70.0 s (CPU), 6 evaluated; wasted on failures 2.0 s (2.9%); best found after 58.0 s",
-        "  fidelity 1: 3 evaluated, 10.0 s",
-        "  fidelity 3: 2 evaluated, 24.0 s",
+        "  fidelity 1: 3 evaluated, 10.0 s; 2 promoted (67%)",
+        "  fidelity 3: 2 evaluated, 24.0 s; 1 promoted (50%)",
         "  fidelity 9: 1 evaluated, 36.0 s",
     ]
+    # promotions count where they started from, so a rung promoting more than 1/eta shows
+    assert summarise(history).promoted_from == {1: 2, 3: 1}
     assert "finished 3 of ? architectures and 3 promotions (ok 5, failed 1, cached duplicates 0)" in text
     assert "#1  fitness 0.65  id 4  promotion of 3  fidelity 9\n" in text
 
@@ -245,7 +247,12 @@ def test_a_multi_fidelity_search_resumes_and_reports_architectures_promotions_an
     rungs = []
     for fidelity in (1, 2, 4):
         at = [r for r in history if r.fidelity == fidelity and r.status != "cached"]
-        rungs.append(f"  fidelity {fidelity}: {len(at)} evaluated, {_spent(at):.1f} s")
+        line = f"  fidelity {fidelity}: {len(at)} evaluated, {_spent(at):.1f} s"
+        if fidelity < 4:
+            ids = {r.id for r in at}
+            onward = sum(r.origin == "promotion" and r.parents[0] in ids for r in history)
+            line += f"; {onward} promoted ({onward / len(at):.0%})"
+        rungs.append(line)
     assert _compute_lines(text)[1:] == rungs
     assert _compute_lines(text)[0].startswith(f"compute: total {_spent(history):.1f} s (CPU), ")
     top = best_records(history, 1)[0]
