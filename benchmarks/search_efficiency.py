@@ -33,7 +33,7 @@ have spent it. Methods, each from scratch and seeded:
 - RE+SH+p6, RE+SH0+p6 (from scratch only): RE+SH (RE+SH0) promoting the best sixth of each rung
           (eta 6) over the same rungs (1, 3, 8; 0, 1, 3, 8). ASHA ranks a result against its whole
           rung, and evolution's children beat the rung's early random trees, so at eta 3 it
-          promoted 41-57% of each rung rather than a third; at eta 6 it promotes 19-31%.
+          promoted 42-57% of each rung rather than a third; at eta 6 it promotes 19-31%.
           RE+all0+p6: RE+all0 promoting the same way.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
@@ -103,7 +103,7 @@ match; a Ray worker's first evaluation includes its start-up; the baselines stay
 Output goes to `--out` (default runs/search_efficiency).
 
     python benchmarks/search_efficiency.py --quick       # 1 seed, small budgets: minutes on 2 cores
-    python benchmarks/search_efficiency.py               # 3 seeds, every method: 2-3 hours on 2 cores
+    python benchmarks/search_efficiency.py               # 3 seeds, every method: 3-4 hours on 2 cores
     python benchmarks/search_efficiency.py --executor ray --num-gpus 0.25 --jobs 4 --budget 60
     python benchmarks/search_efficiency.py --tasks motifs --methods RE+SH --optimizer adam --lr 0.003
     python benchmarks/search_efficiency.py --tasks motifs --head-pooling max   # max head, not mean
