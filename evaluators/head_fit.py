@@ -90,11 +90,24 @@ def fit_head(
         z = (f - mean) / scale
         onehot = F.one_hot(labels, head.linear.out_features).double()
         centre = onehot.mean(0)
-        gram = z.T @ z + RIDGE * len(z) * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
-        weights = torch.linalg.solve(gram, z.T @ onehot)  # z's columns have mean 0: no centring needed
+        weights = _ridge_weights(z, onehot)  # z's columns have mean 0: no centring needed
         # z @ weights + centre, written as one linear layer on the raw features
         head.linear.weight.copy_((weights / scale[:, None]).T)
         head.linear.bias.copy_(centre - (mean / scale) @ weights)
         logits = head.linear(f.to(head.linear.weight.dtype))
         metric = float(objective.metric_sum(logits, labels)) / len(labels)
         return float(objective.loss(logits, labels)), metric
+
+
+def _ridge_weights(z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """argmin_w |z w - targets|² + RIDGE·n·|w|² for n rows of d features: through the d x d normal
+    equations, or, with more features than rows (a network can carry tens of thousands of channels
+    into its head), through the n x n kernel, zᵀ (z zᵀ + RIDGE·n·I)⁻¹ targets, the same solution,
+    whose system stays small (a d x d one of 16,384 features is 2 GiB)."""
+    n, d = z.shape
+    ridge = RIDGE * n
+    if d <= n:
+        gram = z.T @ z + ridge * torch.eye(d, dtype=z.dtype, device=z.device)
+        return torch.linalg.solve(gram, z.T @ targets)
+    kernel = z @ z.T + ridge * torch.eye(n, dtype=z.dtype, device=z.device)
+    return z.T @ torch.linalg.solve(kernel, targets)

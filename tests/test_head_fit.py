@@ -57,7 +57,8 @@ def test_the_head_is_the_ridge_fit_of_the_pooled_features(
     pooling: str, axes: tuple, n: int, standardise: bool
 ) -> None:
     """Against numpy's least squares on the augmented system, on raw or standardised features; 9
-    examples (fewer than features) make the standardisation's divisor (n, not n - 1) visible."""
+    examples (fewer than the 16 features: solved through the 9 x 9 kernel) make the
+    standardisation's divisor (n, not n - 1) visible."""
     torch.manual_seed(0)
     x, y = torch.randn(n, 3, 6, 6), torch.arange(n) % 4
     network = compile_network(parse_tree(CONV_ACT), input_state((3, 6, 6)), 4, PAPER, pooling=pooling)
@@ -74,6 +75,22 @@ def test_the_head_is_the_ridge_fit_of_the_pooled_features(
     assert loss == pytest.approx(expected_loss, abs=1e-4)
     after = network.backbone.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the backbone stays untrained
+
+
+@pytest.mark.parametrize("n, system", [(9, (9, 9)), (16, (16, 16)), (17, (16, 16)), (200, (16, 16))])
+def test_the_system_solved_is_the_smaller_of_features_and_examples(
+    monkeypatch, n: int, system: tuple
+) -> None:
+    """16 features: 9 examples solve a 9 x 9 system, 17 or more the 16 x 16 one (a network with
+    tens of thousands of channels in its head failed for want of gigabytes of memory)."""
+    solved = []
+    solve = torch.linalg.solve
+    monkeypatch.setattr(torch.linalg, "solve", lambda a, b: solved.append(tuple(a.shape)) or solve(a, b))
+    torch.manual_seed(0)
+    x, y = torch.randn(n, 3, 6, 6), torch.arange(n) % 4
+    network = compile_network(parse_tree(CONV_ACT), input_state((3, 6, 6)), 4, PAPER)
+    fit_head(network, (x, y), Classification(4), _rows, 64, torch.Generator().manual_seed(0))
+    assert solved == [system]
 
 
 def test_raw_features_of_a_tiny_spread_are_shrunk_away_and_standardised_ones_are_not() -> None:
