@@ -164,9 +164,11 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
         if o == PROMOTION and s != Status.CACHED
     ]
     fidelity_of = dict(zip(h.id, h.fidelity, strict=True))
-    resumable = [i for i in promoted if fidelity_of.get(next(iter(h.parents_of(i)), None)) != 0]
+    # the fidelity each promotion started from: the rung of its parent evaluation
+    source = {i: fidelity_of.get(next(iter(h.parents_of(i)), None)) for i in promoted}
+    resumable = [i for i in promoted if source[i] != 0]
     continued = sum(h.metrics_of(i).get("continued_from_epoch", 0) > 0 for i in resumable)
-    promoted_from = Counter(fidelity_of.get(next(iter(h.parents_of(i)), None)) for i in promoted)
+    promoted_from = Counter(source.values())
     wasted = sum(c for c, s in zip(h.compute, h.status, strict=True) if s == Status.FAILED)
     return ComputeSummary(
         totals[-1] if totals else 0.0,
