@@ -100,8 +100,10 @@ def test_multi_fidelity_report_ranks_the_top_fidelity_first_and_spends_per_rung(
         "  fidelity 3: 2 evaluated, 24.0 s; 1 promoted (50%)",
         "  fidelity 9: 1 evaluated, 36.0 s",
     ]
-    # promotions count where they started from, so a rung promoting more than 1/eta shows
-    assert summarise(history).promoted_from == {1: 2, 3: 1}
+    # promotions count where they started from, so a rung promoting more than 1/eta shows; a
+    # promotion answered from the cache trained nothing and is not counted
+    cached = _record(6, "cached", fidelity=3, origin="promotion", parents=(1,), tree=1, cached_from=5)
+    assert summarise(history).promoted_from == summarise([*history, cached]).promoted_from == {1: 2, 3: 1}
     assert "finished 3 of ? architectures and 3 promotions (ok 5, failed 1, cached duplicates 0)" in text
     assert "#1  fitness 0.65  id 4  promotion of 3  fidelity 9\n" in text
 
