@@ -34,7 +34,16 @@ have spent it. Methods, each from scratch and seeded:
           (eta 6) over the same rungs (1, 3, 8; 0, 1, 3, 8). ASHA ranks a result against its whole
           rung, and evolution's children beat the rung's early random trees, so at eta 3 it
           promoted 42-57% of each rung rather than a third; at eta 6 it promotes 19-31%.
-          RE+all0+p6: RE+all0 promoting the same way.
+          RE+all0+p6: RE+all0 promoting the same way. RE+all+p6: the same with RE+SH's rungs (no
+          look at 0 epochs first).
+- RE+all0+p6w, RE+all0+p3w (from scratch only): RE+all0+p6 (RE+all0) where each result is
+          ranked once, when it comes, against its rung's last WINDOW results (`window`): only the
+          best sixth (third) of those is promoted, so children of a run that improves are not
+          promoted for beating its first random trees. With inheritance, a child's look uses its
+          parent's trained weights and beats every cold look of the rung; without a window
+          RE+all0+p6 promoted 25-62% of its looks.
+          The RE+all methods refuse trees of under MIN_PARAMS parameters (`min_params`), as
+          `--min-params` does for every method.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -176,6 +185,8 @@ MUTATIONS = (("subtree", 1.0), ("insert", 1.0), ("remove", 1.0))  # +M: every op
 SURROGATE_MIN_RESULTS = 20  # screened methods: plain RE until this many results are in
 ETA_WIDE = 9  # +eta9: successive halving promotes the best ninth, so more is spent on new trees
 ETA_SELECTIVE = 6  # +p6: the best sixth of each rung is promoted, over eta 3's rungs
+WINDOW = 36  # +p6w: ... of its last 36 results
+MIN_PARAMS = 1000  # RE+all0+p6w: no tree of fewer parameters is sampled or made by mutation
 
 
 @register_strategy
@@ -279,6 +290,8 @@ class Method:
     strategy_fitness: str = "lowest_rung"  # highest_rung: RE hears promotions' results too
     eta: int = HALVING["eta"]  # successive halving promotes the best 1/eta of each rung
     rung_eta: int | None = None  # the rungs of this eta (1, 3, 8), promotions by `eta` (None: the same)
+    window: int | None = None  # promotions rank a result among its rung's last `window` (None: all)
+    min_params: int = 0  # the limit min_params of its searches (--min-params sets it for all)
 
     @property
     def everything(self) -> bool:
@@ -314,6 +327,35 @@ METHODS = {
         first_rung=0,
         eta=ETA_SELECTIVE,
         rung_eta=HALVING["eta"],
+    ),
+    "RE+all0+p6w": Method(
+        "regularised_evolution",
+        halving=True,
+        screen=SCREEN,
+        inherit=True,
+        first_rung=0,
+        eta=ETA_SELECTIVE,
+        rung_eta=HALVING["eta"],
+        window=WINDOW,
+        min_params=MIN_PARAMS,
+    ),
+    "RE+all+p6": Method(
+        "regularised_evolution",
+        halving=True,
+        screen=SCREEN,
+        inherit=True,
+        eta=ETA_SELECTIVE,
+        rung_eta=HALVING["eta"],
+        min_params=MIN_PARAMS,
+    ),
+    "RE+all0+p3w": Method(
+        "regularised_evolution",
+        halving=True,
+        screen=SCREEN,
+        inherit=True,
+        first_rung=0,
+        window=WINDOW,
+        min_params=MIN_PARAMS,
     ),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
@@ -386,7 +428,11 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
         "random_seed": job.seed,
         "grammar": task.grammar,
         "input": {"shape": list(task.shape), "mode": "im"},
-        "limits": {**raw["limits"], **dict(job.limits)},
+        "limits": {
+            **raw["limits"],
+            **({"min_params": method.min_params} if method.min_params else {}),
+            **dict(job.limits),
+        },
         "evaluator": {
             "name": raw["evaluator"]["name"],
             "settings": {
@@ -409,6 +455,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
                         else {}
                     ),
                     "strategy_fitness": method.strategy_fitness,
+                    "window": method.window,
                 }
             }
             if method.halving
@@ -1008,6 +1055,8 @@ def recipe(
         "+H": {"strategy_fitness": "highest_rung"},
         "+eta9": {"eta": ETA_WIDE, "rungs": default_rungs(0, EPOCHS, ETA_WIDE)},
         "+p6": {"eta": ETA_SELECTIVE, "rungs": "RE+SH's or RE+SH0's"},
+        "+p6w, +p3w": {"window": WINDOW},
+        "RE+all+p6, RE+all0+p6w, RE+all0+p3w": {"min_params": MIN_PARAMS},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

@@ -189,6 +189,7 @@ class MultiFidelitySection:
 
     scheduler: str = "none"  # none | successive_halving (einspace.search.successive_halving)
     eta: int = 3  # the best 1/eta of each rung is promoted
+    window: int | None = None  # ...of its last `window` results (None: of all, as ASHA)
     min_fidelity: int = 1  # the lowest rung (epochs, for the training evaluator; 0: untrained)
     max_fidelity: int | None = None  # the top rung; None: the evaluator's own (its epochs)
     rungs: tuple[int, ...] | None = None  # explicit increasing fidelities, instead of min/max/eta
@@ -384,7 +385,7 @@ class Experiment:
             return strategy
         if m.rungs is None:
             raise EinspaceError("the multi_fidelity rungs are not resolved: check the experiment first")
-        return SuccessiveHalving(strategy, m.rungs, m.eta, m.strategy_fitness)
+        return SuccessiveHalving(strategy, m.rungs, m.eta, m.strategy_fitness, m.window)
 
     def task(  # noqa: ANN201 - Task
         self, tree: str, fidelity: int | None = None, continuation: Any = None, inheritance: Any = None
@@ -507,7 +508,7 @@ def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
             f"{source}: multi_fidelity.eta must be an integer >= 2 (the best 1/eta of a rung is "
             f"promoted), got {m['eta']!r}"
         )
-    for key, least in (("min_fidelity", 0), ("max_fidelity", 1)):
+    for key, least in (("min_fidelity", 0), ("max_fidelity", 1), ("window", m["eta"])):
         if m[key] is not None and m[key] < least:
             raise ConfigError(f"{source}: multi_fidelity.{key} must be an integer >= {least}, got {m[key]!r}")
     rungs = m["rungs"]

@@ -24,8 +24,10 @@ Higher rungs decide what the run reports as its best (`einspace.search.compute.i
 
 A result is ranked against every result its rung ever held, so under a strategy that improves (the
 children of regularised evolution beat its first random trees) far more than 1/eta of a rung is
-promoted; `einspace report` shows the share each rung promoted, and a larger eta over the same
-explicit rungs brings it down.
+promoted; `einspace report` shows the share each rung promoted. A larger eta over the same
+explicit rungs brings it down, and so does a `window`: each result is then ranked once, when it
+comes, against its rung's last `window` results, so a result is promoted for beating its
+contemporaries, not the rung's first random trees (`_Rung`).
 
 Every rung's result is its own evaluation in the store (origin "promotion", the lower rung's
 evaluation as its parent), so a killed run resumes with nothing lost; promotions are part of the
@@ -78,17 +80,24 @@ def rungs_problem(rungs: Sequence[int]) -> str | None:
 
 
 class _Rung:
-    """The finished results at one fidelity below the top: job id -> (tree, hash, fitness), first
-    per tree only, which of them were promoted, and which are `favoured` (seeds, and their
-    promotions: promoted whatever their rank). A result that may not be promoted (failed or
-    partial) counts towards the rung's size with fitness -inf and without its tree, which keeps
-    the checkpoint small."""
+    """The finished results at one fidelity below the top: job id -> (tree, hash, fitness) in the
+    order they came, first per tree only, which of them were promoted, and which are `favoured`
+    (seeds, and their promotions: promoted whatever their rank). A result that may not be promoted
+    (failed or partial) counts towards the rung's size with fitness -inf and without its tree,
+    which keeps the checkpoint small.
 
-    def __init__(self) -> None:
+    Which results may be promoted: without a `window`, those in the top 1/eta of the whole rung,
+    re-ranked as it grows (ASHA). With one, those that ranked in the top 1/eta of the rung's last
+    `window` results (itself included) when they came, a rank that later results do not change:
+    a strategy whose results improve then has about 1/eta of them promoted, as one that does not."""
+
+    def __init__(self, eta: int, window: int | None = None) -> None:
+        self.eta, self.window = eta, window
         self.results: dict[int, tuple[str, str, float]] = {}
         self.hashes: set[str] = set()
         self.promoted: set[int] = set()
         self.favoured: set[int] = set()
+        self.eligible: set[int] = set()  # with a window: ranked in its top 1/eta when it came
 
     def add(self, job: int, tree: str, hash: str, fitness: float, promotable: bool, favoured: bool) -> None:
         if hash in self.hashes:
@@ -97,24 +106,37 @@ class _Rung:
         self.results[job] = (tree, hash, fitness) if promotable else ("", hash, float("-inf"))
         if favoured and promotable:
             self.favoured.add(job)
+        if self.window and promotable:
+            recent = list(self.results.values())[-self.window :]
+            better = sum(other >= fitness for _, _, other in recent[:-1])  # earlier ones win ties
+            if better * self.eta < len(recent):
+                self.eligible.add(job)
 
     def next_favoured(self) -> int | None:
         """The earliest favoured job not yet promoted, or None."""
         return min(self.favoured - self.promoted, default=None)
 
-    def next_promotion(self, eta: int) -> int | None:
-        """The best job in this rung's top 1/eta not yet promoted (ties: the earliest), or None."""
-        ranked = sorted(self.results, key=lambda job: (-self.results[job][2], job))
-        for job in ranked[: len(ranked) // eta]:
-            if job not in self.promoted and self.results[job][2] != float("-inf"):
-                return job
-        return None
+    def _ranked(self) -> list[int]:
+        return sorted(self.results, key=lambda job: (-self.results[job][2], job))
 
-    def worth_keeping(self, eta: int) -> set[int]:
-        """Results not promoted yet within the best 2/eta of the rung: twice the share promoted
-        (one ranked lower reaches the top 1/eta only if the rung grows with many worse results)."""
-        ranked = sorted(self.results, key=lambda job: (-self.results[job][2], job))
-        best = set(ranked[: math.ceil(2 * len(ranked) / eta)])
+    def next_promotion(self) -> int | None:
+        """The best job (ties: the earliest) that may be promoted and was not yet, or None."""
+        if self.window:
+            best = sorted(self.eligible, key=lambda job: (-self.results[job][2], job))
+        else:
+            ranked = self._ranked()
+            best = [job for job in ranked[: len(ranked) // self.eta] if self.results[job][2] != float("-inf")]
+        return next((job for job in best if job not in self.promoted), None)
+
+    def worth_keeping(self) -> set[int]:
+        """Results not promoted yet that a promotion may still pick: with a window, the eligible
+        ones; without, those within the best 2/eta of the rung, twice the share promoted (one
+        ranked lower reaches the top 1/eta only if the rung grows with many worse results)."""
+        if self.window:
+            best = set(self.eligible)
+        else:
+            ranked = self._ranked()
+            best = set(ranked[: math.ceil(2 * len(ranked) / self.eta)])
         return (best | self.favoured) - self.promoted
 
     def to_json(self) -> dict[str, Any]:
@@ -122,11 +144,12 @@ class _Rung:
         return {"results": results, "promoted": sorted(self.promoted), "favoured": sorted(self.favoured)}
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> _Rung:
-        rung = _Rung()
+    def from_json(data: dict[str, Any], eta: int, window: int | None) -> _Rung:
+        """The rung as saved; which results are eligible is worked out again from their order."""
+        rung = _Rung(eta, window)
         for job, tree, hash, fitness in data["results"]:
-            rung.results[int(job)] = (tree, hash, float("-inf") if fitness is None else float(fitness))
-            rung.hashes.add(hash)
+            promotable = fitness is not None
+            rung.add(int(job), tree, hash, float(fitness) if promotable else float("-inf"), promotable, False)
         rung.promoted = {int(job) for job in data["promoted"]}
         rung.favoured = {int(job) for job in data.get("favoured", [])}  # absent before seeds were favoured
         return rung
@@ -141,10 +164,19 @@ class SuccessiveHalving(Strategy):
     name = "successive_halving"
 
     def __init__(
-        self, base: Strategy, rungs: Sequence[int], eta: int = 3, strategy_fitness: str = "lowest_rung"
+        self,
+        base: Strategy,
+        rungs: Sequence[int],
+        eta: int = 3,
+        strategy_fitness: str = "lowest_rung",
+        window: int | None = None,
     ):
         if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
             raise EinspaceError(f"successive halving needs an integer eta >= 2, got {eta!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < eta):
+            raise EinspaceError(
+                f"successive halving needs a window of at least eta ({eta}) results, got {window!r}"
+            )
         if (problem := rungs_problem(rungs)) is not None:
             raise EinspaceError(f"successive halving needs rungs that are {problem}, got {list(rungs)}")
         if strategy_fitness not in STRATEGY_FITNESS:
@@ -152,7 +184,7 @@ class SuccessiveHalving(Strategy):
             raise EinspaceError(
                 f"successive halving's strategy_fitness must be {known}, got {strategy_fitness!r}"
             )
-        self.base, self.rungs, self.eta = base, list(rungs), eta
+        self.base, self.rungs, self.eta, self.window = base, list(rungs), eta, window
         self.strategy_fitness = strategy_fitness
         self.space, self.evaluations = base.space, base.evaluations
         self.reports_mean = base.reports_mean
@@ -162,7 +194,7 @@ class SuccessiveHalving(Strategy):
         self._reset()
 
     def _reset(self) -> None:
-        self._levels = [_Rung() for _ in self.rungs]
+        self._levels = [_Rung(self.eta, self.window) for _ in self.rungs]
         self._job_of_base: dict[int, int] = {}  # the wrapped strategy's id -> the job at the lowest rung
         # job -> the wrapped strategy's id of its tree: jobs in flight, and (highest_rung) results
         # not promoted yet
@@ -192,7 +224,10 @@ class SuccessiveHalving(Strategy):
     def _promotion(self) -> tuple[int, int] | None:
         """(rung index, job) of the next promotion: favoured ones first, then by rank; from the top
         rung down (finish the nearly done first)."""
-        for pick in (lambda rung: rung.next_favoured(), lambda rung: rung.next_promotion(self.eta)):
+        for pick in (
+            lambda rung: rung.next_favoured(),
+            lambda rung: rung.next_promotion(),
+        ):
             for level in range(len(self.rungs) - 2, -1, -1):
                 job = pick(self._levels[level])
                 if job is not None:
@@ -243,7 +278,7 @@ class SuccessiveHalving(Strategy):
         live = {c.id for c in self._pending.values() if c.fidelity != top}
         live |= {c.continues for c in self._pending.values() if c.continues is not None}
         for level in self._levels[:-1]:
-            live |= level.worth_keeping(self.eta)
+            live |= level.worth_keeping()
         return live
 
     def live_parents(self) -> set[int]:
@@ -261,6 +296,7 @@ class SuccessiveHalving(Strategy):
             "version": self.state_version,
             "rungs": self.rungs,
             "eta": self.eta,
+            "window": self.window,
             "strategy_fitness": self.strategy_fitness,
             "next_id": self.next_id,
             "pending": [c.to_json() for c in self.pending()],
@@ -276,18 +312,24 @@ class SuccessiveHalving(Strategy):
                 f"checkpoint is for strategy {state.get('strategy')!r} version {state.get('version')}, "
                 f"not {self.name!r} version {self.state_version} (was successive halving switched on?)"
             )
-        saved = (state["rungs"], state["eta"], state.get("strategy_fitness", "lowest_rung"))
-        if saved != (self.rungs, self.eta, self.strategy_fitness):
+        saved = (
+            state["rungs"],
+            state["eta"],
+            state.get("window"),
+            state.get("strategy_fitness", "lowest_rung"),
+        )
+        if saved != (self.rungs, self.eta, self.window, self.strategy_fitness):
             raise EinspaceError(
-                "checkpoint has rungs {}, eta {} and strategy_fitness {!r}, not {}, {} and {!r}".format(
-                    *saved, self.rungs, self.eta, self.strategy_fitness
+                "checkpoint has rungs {}, eta {}, window {} and strategy_fitness {!r}, "
+                "not {}, {}, {} and {!r}".format(
+                    *saved, self.rungs, self.eta, self.window, self.strategy_fitness
                 )
             )
         self.base.load_state_dict(state["base"])
         self.next_id = int(state["next_id"])
         self._pending = {c.id: c for c in map(Candidate.from_json, state["pending"])}
         self._reset()
-        self._levels = [_Rung.from_json(level) for level in state["levels"]]
+        self._levels = [_Rung.from_json(level, self.eta, self.window) for level in state["levels"]]
         self._base_of_job = {int(job): int(base) for job, base in state["base_of_job"]}
         self._job_of_base = {int(base): int(job) for base, job in state["job_of_base"]}
 

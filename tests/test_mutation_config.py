@@ -21,6 +21,7 @@ from einspace.search.config import Experiment, MultiFidelitySection, _section_sp
 _MULTI_FIDELITY = {
     "scheduler": ((str,), "none"),
     "eta": ((int,), 3),
+    "window": ((int, None), None),
     "min_fidelity": ((int,), 1),
     "max_fidelity": ((int, None), None),
     "rungs": ((list, None), None),

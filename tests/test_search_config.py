@@ -113,6 +113,7 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
         "multi_fidelity": {
             "scheduler": "none",
             "eta": 3,
+            "window": None,
             "min_fidelity": 1,
             "max_fidelity": None,
             "rungs": None,

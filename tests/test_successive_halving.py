@@ -37,9 +37,10 @@ def wrapped(
     rungs=(1, 3, 9),
     eta: int = 3,
     strategy_fitness: str = "lowest_rung",
+    window: int | None = None,
 ) -> SuccessiveHalving:
     settings = RE if name == "regularised_evolution" else {"evaluations": 30}
-    return SuccessiveHalving(get_strategy(name, SPACE, seed, settings), rungs, eta, strategy_fitness)
+    return SuccessiveHalving(get_strategy(name, SPACE, seed, settings), rungs, eta, strategy_fitness, window)
 
 
 def falling(tree: str, fidelity: int) -> float:
@@ -246,15 +247,17 @@ def test_seeds_are_promoted_to_the_top_whatever_their_rank():
     assert sum(c.tree == seed and c.fidelity == 9 for c in asked) == 1
 
 
-@pytest.mark.parametrize("strategy_fitness", ["lowest_rung", "highest_rung"])
+@pytest.mark.parametrize(
+    ("strategy_fitness", "window"), [("lowest_rung", None), ("highest_rung", None), ("lowest_rung", 6)]
+)
 @pytest.mark.parametrize("stop_after", [1, 7, 19, 33])
-def test_checkpoint_resumes_exactly(stop_after, strategy_fitness):
+def test_checkpoint_resumes_exactly(stop_after, strategy_fitness, window):
     """A scheduler restored from the JSON checkpoint at any point asks what the original would,
     and its strategy hears the same promotions."""
     heard = []
 
     def make() -> SuccessiveHalving:
-        s = wrapped(seed=5, strategy_fitness=strategy_fitness)
+        s = wrapped(seed=5, strategy_fitness=strategy_fitness, window=window)
         hear = s.base.hear_promotion
         s.base.hear_promotion = lambda i, rung, f: (heard.append((i, rung, f)), hear(i, rung, f))
         return s
@@ -279,6 +282,8 @@ def test_a_checkpoint_of_other_rungs_is_refused():
         wrapped(rungs=(1, 2, 4, 9)).load_state_dict(s.state_dict())
     with pytest.raises(EinspaceError, match="strategy_fitness 'lowest_rung', not .* 'highest_rung'"):
         wrapped(strategy_fitness="highest_rung").load_state_dict(s.state_dict())
+    with pytest.raises(EinspaceError, match="window None .* not .* 6"):
+        wrapped(window=6).load_state_dict(s.state_dict())
     with pytest.raises(EinspaceError, match="successive halving switched on"):
         wrapped().load_state_dict(s.base.state_dict())
 
@@ -375,6 +380,8 @@ BAD = [
     ({"promotion": "resume"}, "multi_fidelity.promotion must be 'continue' or 'retrain'"),
     ({"promotion": "continue"}, "'test_fidelity' cannot; use promotion: retrain"),
     ({"strategy_fitness": "best"}, "multi_fidelity.strategy_fitness must be 'lowest_rung' or 'highest_rung'"),
+    ({"window": 2}, "multi_fidelity.window must be an integer >= 3, got 2"),
+    ({"window": "all"}, "multi_fidelity.window"),
 ]
 
 
