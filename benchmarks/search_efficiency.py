@@ -298,6 +298,17 @@ class Method:
         return self.halving and self.screen > 1 and self.inherit
 
 
+#: Everything with its look first, promoting the best sixth over eta 3's rungs; variants below.
+ALL0_P6 = Method(
+    "regularised_evolution",
+    halving=True,
+    screen=SCREEN,
+    inherit=True,
+    first_rung=0,
+    eta=ETA_SELECTIVE,
+    rung_eta=HALVING["eta"],
+)
+
 METHODS = {
     "RS": Method("random_search"),
     "RE": Method("regularised_evolution"),
@@ -319,44 +330,10 @@ METHODS = {
     "RE+SH0+p6": Method(
         "regularised_evolution", halving=True, first_rung=0, eta=ETA_SELECTIVE, rung_eta=HALVING["eta"]
     ),
-    "RE+all0+p6": Method(
-        "regularised_evolution",
-        halving=True,
-        screen=SCREEN,
-        inherit=True,
-        first_rung=0,
-        eta=ETA_SELECTIVE,
-        rung_eta=HALVING["eta"],
-    ),
-    "RE+all0+p6w": Method(
-        "regularised_evolution",
-        halving=True,
-        screen=SCREEN,
-        inherit=True,
-        first_rung=0,
-        eta=ETA_SELECTIVE,
-        rung_eta=HALVING["eta"],
-        window=WINDOW,
-        min_params=MIN_PARAMS,
-    ),
-    "RE+all+p6": Method(
-        "regularised_evolution",
-        halving=True,
-        screen=SCREEN,
-        inherit=True,
-        eta=ETA_SELECTIVE,
-        rung_eta=HALVING["eta"],
-        min_params=MIN_PARAMS,
-    ),
-    "RE+all0+p3w": Method(
-        "regularised_evolution",
-        halving=True,
-        screen=SCREEN,
-        inherit=True,
-        first_rung=0,
-        window=WINDOW,
-        min_params=MIN_PARAMS,
-    ),
+    "RE+all0+p6": ALL0_P6,
+    "RE+all0+p6w": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS),
+    "RE+all0+p3w": replace(ALL0_P6, eta=HALVING["eta"], rung_eta=None, window=WINDOW, min_params=MIN_PARAMS),
+    "RE+all+p6": replace(ALL0_P6, first_rung=1, min_params=MIN_PARAMS),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
