@@ -42,7 +42,8 @@ not fit either, and a tree's repeated proposals count once per rung.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Any
 
 from einspace.errors import EinspaceError
@@ -106,9 +107,9 @@ class _Rung:
         self.results[job] = (tree, hash, fitness) if promotable else ("", hash, float("-inf"))
         if favoured and promotable:
             self.favoured.add(job)
-        if self.window and promotable:
-            recent = list(self.results.values())[-self.window :]
-            better = sum(other >= fitness for _, _, other in recent[:-1])  # earlier ones win ties
+        if self.window and promotable:  # its rank among the last `window` (itself included), once
+            recent = [other for _, _, other in islice(reversed(self.results.values()), self.window)]
+            better = sum(other >= fitness for other in recent[1:])  # earlier ones win ties
             if better * self.eta < len(recent):
                 self.eligible.add(job)
 
@@ -116,16 +117,16 @@ class _Rung:
         """The earliest favoured job not yet promoted, or None."""
         return min(self.favoured - self.promoted, default=None)
 
-    def _ranked(self) -> list[int]:
-        return sorted(self.results, key=lambda job: (-self.results[job][2], job))
+    def _ranked(self, jobs: Iterable[int]) -> list[int]:
+        """`jobs` best first (ties: the earliest)."""
+        return sorted(jobs, key=lambda job: (-self.results[job][2], job))
 
     def next_promotion(self) -> int | None:
         """The best job (ties: the earliest) that may be promoted and was not yet, or None."""
         if self.window:
-            best = sorted(self.eligible, key=lambda job: (-self.results[job][2], job))
-        else:
-            ranked = self._ranked()
-            best = [job for job in ranked[: len(ranked) // self.eta] if self.results[job][2] != float("-inf")]
+            return next(iter(self._ranked(self.eligible - self.promoted)), None)
+        ranked = self._ranked(self.results)
+        best = [job for job in ranked[: len(ranked) // self.eta] if self.results[job][2] != float("-inf")]
         return next((job for job in best if job not in self.promoted), None)
 
     def worth_keeping(self) -> set[int]:
@@ -135,7 +136,7 @@ class _Rung:
         if self.window:
             best = set(self.eligible)
         else:
-            ranked = self._ranked()
+            ranked = self._ranked(self.results)
             best = set(ranked[: math.ceil(2 * len(ranked) / self.eta)])
         return (best | self.favoured) - self.promoted
 
@@ -224,10 +225,7 @@ class SuccessiveHalving(Strategy):
     def _promotion(self) -> tuple[int, int] | None:
         """(rung index, job) of the next promotion: favoured ones first, then by rank; from the top
         rung down (finish the nearly done first)."""
-        for pick in (
-            lambda rung: rung.next_favoured(),
-            lambda rung: rung.next_promotion(),
-        ):
+        for pick in (_Rung.next_favoured, _Rung.next_promotion):
             for level in range(len(self.rungs) - 2, -1, -1):
                 job = pick(self._levels[level])
                 if job is not None:

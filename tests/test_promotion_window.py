@@ -84,8 +84,11 @@ def test_ties_go_to_the_earlier_result(window):
 def test_failed_results_count_towards_the_window_and_are_never_promoted():
     rung = _Rung(3, window=3)
     fill(rung, [-math.inf, -math.inf, 0.1, -math.inf])
-    assert rung.eligible == {2}  # 0.1 is first of 3, of which two failed
+    assert rung.eligible == {2}  # a failure first in its window is not eligible; 0.1 first of 3
     assert promote_all(rung) == [2]
+    rung = _Rung(2, window=2)
+    fill(rung, [0.5, -math.inf, 0.4])
+    assert rung.eligible == {0, 2}  # 0.4's window is the failure and itself, not 0.5
 
 
 def test_only_results_that_may_be_promoted_are_worth_keeping():
@@ -132,3 +135,4 @@ def test_each_promotion_ranked_in_the_window_s_top_when_it_came_and_none_is_left
 def test_a_window_below_eta_or_not_an_integer_is_refused(window):
     with pytest.raises(EinspaceError, match="a window of at least eta"):
         wrapped(eta=3, window=window)
+    assert wrapped(eta=3, window=3).window == 3  # eta itself is the least
