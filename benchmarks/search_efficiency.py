@@ -41,7 +41,7 @@ have spent it. Methods, each from scratch and seeded:
           best sixth (third) of those is promoted, so children of a run that improves are not
           promoted for beating its first random trees. With inheritance, a child's look uses its
           parent's trained weights and beats every cold look of the rung; without a window
-          RE+all0+p6 promoted 25-62% of its inheriting children from the look.
+          RE+all0+p6 promoted 23-62% of its inheriting children from the look.
           The RE+all methods refuse trees of under MIN_PARAMS parameters (`min_params`), as
           `--min-params` does for every method.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
