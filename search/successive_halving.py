@@ -90,7 +90,9 @@ class _Rung:
     Which results may be promoted: without a `window`, those in the top 1/eta of the whole rung,
     re-ranked as it grows (ASHA). With one, those that ranked in the top 1/eta of the rung's last
     `window` results (itself included) when they came, a rank that later results do not change:
-    a strategy whose results improve then has about 1/eta of them promoted, as one that does not."""
+    a strategy whose results improve then has about 1/eta of them promoted, as one that does not.
+    As in ASHA, n results give at most floor(n / eta) places, so the first eta results are ranked
+    together when the eta-th comes (the best of them is eligible), and none before."""
 
     def __init__(self, eta: int, window: int | None = None) -> None:
         self.eta, self.window = eta, window
@@ -107,10 +109,22 @@ class _Rung:
         self.results[job] = (tree, hash, fitness) if promotable else ("", hash, float("-inf"))
         if favoured and promotable:
             self.favoured.add(job)
-        if self.window and promotable:  # its rank among the last `window` (itself included), once
-            recent = [other for _, _, other in islice(reversed(self.results.values()), self.window)]
-            better = sum(other >= fitness for other in recent[1:])  # earlier ones win ties
-            if better * self.eta < len(recent):
+        if self.window and len(self.results) == self.eta:  # the first eta, ranked together
+            self._rank(list(self.results), list(self.results))
+        elif self.window and len(self.results) > self.eta:  # among the last `window`, itself included
+            self._rank([job], list(islice(reversed(self.results), self.window))[::-1])
+
+    def _rank(self, jobs: list[int], among: list[int]) -> None:
+        """Make those of `jobs` eligible that are among the best floor(len(among) / eta) of `among`
+        (results in the order they came; ties go to the earlier one); failures never are."""
+        order = {other: i for i, other in enumerate(among)}
+        for job in jobs:
+            fitness = self.results[job][2]
+            if fitness == float("-inf"):
+                continue
+            scores = ((self.results[other][2], order[other]) for other in among)
+            better = sum(f > fitness or (f == fitness and i < order[job]) for f, i in scores)
+            if (better + 1) * self.eta <= len(among):
                 self.eligible.add(job)
 
     def next_favoured(self) -> int | None:

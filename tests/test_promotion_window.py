@@ -46,7 +46,7 @@ def test_the_share_promoted_stays_near_1_over_eta_when_results_improve(eta):
             promote_all(rung)
         shares.append(len(rung.promoted) / len(scores))
     assert shares[0] > 1.7 / eta  # ASHA: the late results beat the early ones (0.61 and 0.42)
-    assert 0.8 / eta < shares[1] < 1.3 / eta  # 0.38 and 0.21
+    assert 0.8 / eta < shares[1] < 1.3 / eta  # 0.38 and 0.20
 
 
 def test_without_drift_the_window_promotes_about_what_asha_does():
@@ -72,6 +72,24 @@ def test_a_result_is_ranked_when_it_comes_and_later_results_do_not_change_it():
     # 0.9: first; 0.3 beats 0.1, 0.2 and 0.05 among the last four; 0.1, 0.2, 0.05 ranked low
     assert promote_all(windowed) == [0, 5]
     assert windowed.eligible == {0, 5}
+
+
+@pytest.mark.parametrize("eta", [2, 3, 6])
+def test_a_rung_s_first_eta_results_are_ranked_together_when_the_eta_th_comes(eta):
+    """As in ASHA, n results leave floor(n / eta) places: rising results (each the best so far) are
+    not all promoted while the rung is young; the best of the first eta is, once they are in."""
+    rung = _Rung(eta, window=36)
+    fill(rung, [0.1 * (i + 1) for i in range(eta - 1)])
+    assert rung.eligible == set() and promote_all(rung) == []
+    rung.add(eta - 1, "t", "h", 0.05, True, False)  # the eta-th, worse than all before it
+    assert rung.eligible == {eta - 2} and promote_all(rung) == [eta - 2]
+    # from then on each is ranked when it comes: the best so far is in the top floor(n / eta)
+    rung.add(eta, "u", "hu", 9.0, True, False)
+    assert rung.eligible == {eta - 2, eta}
+    # a window of repeated failures and a single result: no place for it until eta are in
+    young = _Rung(eta, window=eta)
+    fill(young, [-math.inf] * (eta - 2) + [0.7])
+    assert young.eligible == set()
 
 
 @pytest.mark.parametrize("window", [1, 4])
@@ -117,9 +135,15 @@ def test_each_promotion_ranked_in_the_window_s_top_when_it_came_and_none_is_left
                 order.append(c.id)
         eligible[low] = set()
         for i, job in enumerate(order):
-            recent = order[max(0, i - 5) : i + 1]
-            better = sum(told[other] >= told[job] for other in recent[:-1])
-            if math.isfinite(told[job]) and better * s.eta < len(recent):
+            # the first eta together, once the eta-th came; later ones among the last 6 up to them
+            recent = order[: s.eta] if i < s.eta else order[max(0, i - 5) : i + 1]
+            if i < s.eta and len(order) < s.eta:
+                continue  # the rung never held eta results: none of them was ranked
+            at = recent.index(job)
+            better = sum(
+                told[other] > told[job] or (told[other] == told[job] and k < at) for k, other in enumerate(recent)
+            )
+            if math.isfinite(told[job]) and (better + 1) * s.eta <= len(recent):
                 eligible[low].add(job)
     promotions = [c for c in asked if c.origin == "promotion"]
     by_job = {c.id: c for c in asked}
