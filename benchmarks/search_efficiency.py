@@ -37,9 +37,10 @@ have spent it. Methods, each from scratch and seeded:
           RE+all0+p6: RE+all0 promoting the same way. RE+all+p6: the same with RE+SH's rungs (no
           look at 0 epochs first).
 - RE+all0+p6w, RE+all0+p3w (from scratch only): RE+all0+p6 (RE+all0) where each result is
-          ranked once, when it comes, against its rung's last WINDOW results (`window`): only the
-          best sixth (third) of those is promoted, so children of a run that improves are not
-          promoted for beating its first random trees. With inheritance, a child's look uses its
+          ranked once, when it comes, against its rung's last WINDOW results (`window`; a rung's
+          first eta together, once the eta-th is in): only the best sixth (third) of those is
+          promoted, so children of a run that improves are not promoted for beating its first
+          random trees. With inheritance, a child's look uses its
           parent's trained weights and beats every cold look of the rung; without a window
           RE+all0+p6 promoted 23-62% of its inheriting children from the look.
           The RE+all methods refuse trees of under MIN_PARAMS parameters (`min_params`), as

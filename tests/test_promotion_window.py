@@ -141,7 +141,8 @@ def test_each_promotion_ranked_in_the_window_s_top_when_it_came_and_none_is_left
                 continue  # the rung never held eta results: none of them was ranked
             at = recent.index(job)
             better = sum(
-                told[other] > told[job] or (told[other] == told[job] and k < at) for k, other in enumerate(recent)
+                told[other] > told[job] or (told[other] == told[job] and k < at)
+                for k, other in enumerate(recent)
             )
             if math.isfinite(told[job]) and (better + 1) * s.eta <= len(recent):
                 eligible[low].add(job)
