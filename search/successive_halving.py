@@ -90,7 +90,8 @@ class _Rung:
     Which results may be promoted: without a `window`, those in the top 1/eta of the whole rung,
     re-ranked as it grows (ASHA). With one, those that ranked in the top 1/eta of the rung's last
     `window` results (itself included) when they came, a rank that later results do not change:
-    a strategy whose results improve then has about 1/eta of them promoted, as one that does not.
+    a strategy whose results improve slowly then has about 1/eta of them promoted, as one that does
+    not (one that improves fast still has most new bests promoted).
     As in ASHA, n results give at most floor(n / eta) places, so the first eta results are ranked
     together when the eta-th comes (the best of them is eligible), and none before."""
 

@@ -86,10 +86,12 @@ def test_a_rung_s_first_eta_results_are_ranked_together_when_the_eta_th_comes(et
     # from then on each is ranked when it comes: the best so far is in the top floor(n / eta)
     rung.add(eta, "u", "hu", 9.0, True, False)
     assert rung.eligible == {eta - 2, eta}
-    # a window of repeated failures and a single result: no place for it until eta are in
+    # failures count towards the eta: the first success is ranked when it is the eta-th result
     young = _Rung(eta, window=eta)
-    fill(young, [-math.inf] * (eta - 2) + [0.7])
+    fill(young, [-math.inf] * (eta - 1))
     assert young.eligible == set()
+    young.add(eta - 1, "t", "h", 0.7, True, False)
+    assert young.eligible == {eta - 1}
 
 
 @pytest.mark.parametrize("window", [1, 4])
