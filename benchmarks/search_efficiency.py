@@ -45,6 +45,11 @@ have spent it. Methods, each from scratch and seeded:
           RE+all0+p6 promoted 23-62% of its inheriting children from the look.
           The RE+all methods refuse trees of under MIN_PARAMS parameters (`min_params`), as
           `--min-params` does for every method.
+- RE+all0+p6wP, RE+all0+p6wR, RE+all0+p6wPR (from scratch only): RE+all0+p6w with RE's
+          population and tournament at 48 and 12 (+P: three times the recipe's 16 and 4, so the
+          first population holds three times the fresh samples), with restarts (+R,
+          `restart_after`: a population whose results have not beaten its best for twice its
+          size in a row is filled again with fresh samples), or both.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -188,6 +193,8 @@ ETA_WIDE = 9  # +eta9: successive halving promotes the best ninth, so more is sp
 ETA_SELECTIVE = 6  # +p6: the best sixth of each rung is promoted, over eta 3's rungs
 WINDOW = 36  # +p6w: ... of its last 36 results
 MIN_PARAMS = 1000  # RE+all0+p6w: no tree of fewer parameters is sampled or made by mutation
+WIDE = (("population", 48), ("tournament", 12))  # +P: RE's population and tournament, 3x the recipe's
+RESTART_AFTER = 2  # +R: restart a population that has not improved for this many times its size
 
 
 @register_strategy
@@ -293,10 +300,17 @@ class Method:
     rung_eta: int | None = None  # the rungs of this eta (1, 3, 8), promotions by `eta` (None: the same)
     window: int | None = None  # promotions rank a result among its rung's last `window` (None: all)
     min_params: int = 0  # the limit min_params of its searches (--min-params sets it for all)
+    evolution: tuple[tuple[str, int], ...] = ()  # RE's settings over the recipe's (--population wins)
 
     @property
     def everything(self) -> bool:
         return self.halving and self.screen > 1 and self.inherit
+
+
+def _restarting(evolution: tuple[tuple[str, int], ...] = ()) -> tuple[tuple[str, int], ...]:
+    """RE's settings `evolution` with restarts after RESTART_AFTER times its population."""
+    population = dict(evolution).get("population", quickstart()["strategy"]["settings"]["population"])
+    return (*evolution, ("restart_after", RESTART_AFTER * population))
 
 
 #: Everything with its look first, promoting the best sixth over eta 3's rungs; variants below.
@@ -335,6 +349,9 @@ METHODS = {
     "RE+all0+p6w": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS),
     "RE+all0+p3w": replace(ALL0_P6, eta=HALVING["eta"], rung_eta=None, window=WINDOW, min_params=MIN_PARAMS),
     "RE+all+p6": replace(ALL0_P6, first_rung=1, min_params=MIN_PARAMS),
+    "RE+all0+p6wP": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=WIDE),
+    "RE+all0+p6wR": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting()),
+    "RE+all0+p6wPR": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(WIDE)),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
@@ -389,7 +406,8 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
     data_dir = Path(job.data_dir)
     strategy = {"evaluations": STRATEGY_BUDGET}
     if method.strategy == "regularised_evolution":
-        strategy = {**raw["strategy"]["settings"], **strategy, **dict(job.evolution)}
+        recipe = raw["strategy"]["settings"]
+        strategy = {**recipe, **strategy, **dict(method.evolution), **dict(job.evolution)}
     if method.screen > 1:
         strategy = {**strategy, "screen": method.screen, "surrogate_min_results": SURROGATE_MIN_RESULTS}
     if method.mutations:
@@ -1034,7 +1052,9 @@ def recipe(
         "+eta9": {"eta": ETA_WIDE, "rungs": default_rungs(0, EPOCHS, ETA_WIDE)},
         "+p6": {"eta": ETA_SELECTIVE, "rungs": "RE+SH's or RE+SH0's"},
         "+p6w, +p3w": {"window": WINDOW},
-        "RE+all+p6, RE+all0+p6w, RE+all0+p3w": {"min_params": MIN_PARAMS},
+        "RE+all+p6, RE+all0+p6w*, RE+all0+p3w": {"min_params": MIN_PARAMS},
+        "+P": dict(WIDE),
+        "+R": {"restart_after": f"{RESTART_AFTER} x population"},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

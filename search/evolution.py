@@ -47,6 +47,12 @@ class RegularisedEvolution(Strategy):
     Inside successive halving that passes on later rungs (`hear_promotion`), a member's fitness
     becomes its result at the highest rung it reached, and a member that reached a higher rung wins
     any tournament against one that did not: promotion is a judgment made with more training.
+
+    With `restart_after` n > 0, a population whose results have not beaten its best for n results
+    in a row is restarted (as restarted evolution strategies do): it is emptied and the next P
+    candidates are fresh samples again, screened as initial samples are. A search whose population
+    settled on a family of poor networks gets new starting points; what it found stays in the
+    store. Seeds start only the first population; children still in flight join the new one.
     """
 
     name = "regularised_evolution"
@@ -63,6 +69,7 @@ class RegularisedEvolution(Strategy):
         surrogate: str = "gradient_boosting",
         surrogate_min_results: int = 20,
         mutations: dict[str, float] | None = None,
+        restart_after: int = 0,
     ):
         self.mutations = mutation_weights(mutations)  # read by Strategy.__init__'s variation
         super().__init__(space, random_seed, evaluations)
@@ -79,13 +86,17 @@ class RegularisedEvolution(Strategy):
                 f"strategy setting 'crossover' must be a probability in [0, 1], got {crossover!r}"
             )
         self.crossover = float(crossover)
+        self.restart_after = _positive_int("restart_after", restart_after, minimum=0)  # 0: never
+        self._initial_left = self.population_size  # fresh candidates the (re)started population still needs
+        self._best, self._since_best, self.restarts = float("-inf"), 0, 0
         # (id, tree text, fitness), oldest first: the list order *is* the age.
         self.population: list[tuple[int, str, float]] = []
         self.rung_of: dict[int, int] = {}  # member id -> the rung its fitness is from, where above 0
 
     def _propose(self) -> tuple[Node, str, tuple[int, ...]] | None:
-        if self.next_id < self.population_size:
-            if self.space.seeds:
+        if self._initial_left:
+            self._initial_left -= 1
+            if self.space.seeds and not self.restarts:
                 name, tree = self.space.seed_trees()[self.next_id % len(self.space.seeds)]
                 return tree, f"seed:{name}", ()
             propose = self._sample
@@ -173,12 +184,47 @@ class RegularisedEvolution(Strategy):
             dead = self.population.pop(0)[0]
             self.forget(dead)
             self.rung_of.pop(dead, None)
+        if self.restart_after:
+            self._count_towards_restart(fitness)
+
+    def _count_towards_restart(self, fitness: float) -> None:
+        """Restart once `restart_after` results in a row have not beaten the population's best
+        (not while it is still being filled)."""
+        if fitness > self._best:
+            self._best, self._since_best = fitness, 0
+        else:
+            self._since_best += 1
+        if self._since_best >= self.restart_after and not self._initial_left:
+            for member, _, _ in self.population:
+                self.forget(member)
+            self.population, self.rung_of = [], {}
+            self._initial_left = self.population_size
+            self._best, self._since_best = float("-inf"), 0
+            self.restarts += 1
+
+    def _restart_state(self) -> dict[str, Any]:
+        best = None if self._best == float("-inf") else self._best
+        return {
+            "initial_left": self._initial_left,
+            "best": best,
+            "since_best": self._since_best,
+            "restarts": self.restarts,
+        }
+
+    def _load_restart_state(self, state: dict[str, Any]) -> None:
+        # absent before restarts (2026-11-28): the first population, never restarted
+        restart = state.get("restart") or {"initial_left": max(0, self.population_size - self.next_id)}
+        self._initial_left = int(restart["initial_left"])
+        best = restart.get("best")
+        self._best = float("-inf") if best is None else float(best)
+        self._since_best, self.restarts = int(restart.get("since_best", 0)), int(restart.get("restarts", 0))
 
     def _extra_state(self) -> dict[str, Any]:
         # -inf is not JSON: failed individuals are stored with fitness null.
         state: dict[str, Any] = {
             "population": [[i, t, None if f == float("-inf") else f] for i, t, f in self.population],
             "rung_of": sorted(self.rung_of.items()),
+            "restart": self._restart_state(),
         }
         if self.surrogate is not None:
             predicted = sorted(self._predicted.items())
@@ -191,6 +237,7 @@ class RegularisedEvolution(Strategy):
             (int(i), t, float("-inf") if f is None else float(f)) for i, t, f in state["population"]
         ]
         self.rung_of = {int(i): int(r) for i, r in state.get("rung_of", [])}  # absent before 2026-11
+        self._load_restart_state(state)
         self._features = {}  # features are recomputed from the trees when needed
         if self.surrogate is not None:
             saved = state.get("surrogate")

@@ -30,7 +30,8 @@ Score = list[float] | None
 @register_strategy
 class ParetoEvolution(RegularisedEvolution):
     """Regularised evolution (population P, tournament S, aging) over several objectives; takes
-    RE's settings but `screen` (its surrogate predicts one fitness)."""
+    RE's settings but `screen` (its surrogate predicts one fitness) and `restart_after` (its
+    results are not ordered by one fitness)."""
 
     name = "pareto_evolution"
     multi_objective = True
@@ -83,11 +84,12 @@ class ParetoEvolution(RegularisedEvolution):
         return self._order
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"population": [[i, t, s] for i, t, s in self.population]}
+        return {"population": [[i, t, s] for i, t, s in self.population], "restart": self._restart_state()}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self.population = [(int(i), t, _score(s)) for i, t, s in state["population"]]
         self._order = None
+        self._load_restart_state(state)
 
 
 def _score(value: Any) -> Score:
