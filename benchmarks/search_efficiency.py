@@ -45,11 +45,12 @@ have spent it. Methods, each from scratch and seeded:
           RE+all0+p6 promoted 23-62% of its inheriting children from the look.
           The RE+all methods refuse trees of under MIN_PARAMS parameters (`min_params`), as
           `--min-params` does for every method.
-- RE+all0+p6wP, RE+all0+p6wR, RE+all0+p6wPR (from scratch only): RE+all0+p6w with RE's
-          population and tournament at 48 and 12 (+P: three times the recipe's 16 and 4, so the
-          first population holds three times the fresh samples), with restarts (+R,
-          `restart_after`: a population whose results have not beaten its best for twice its
-          size in a row is filled again with fresh samples), or both.
+- RE+all0+p6wP, RE+all0+p6wR, RE+all0+p6wPR, RE+all0+p6wRG (from scratch only): RE+all0+p6w
+          with RE's population and tournament at 48 and 12 (+P: three times the recipe's 16 and
+          4, so the first population holds three times the fresh samples), with restarts (+R,
+          `restart_after` 2: a population whose results have not beaten its best for twice its
+          size in a row is filled again with fresh samples), both, or restarts that double the
+          population and tournament each time (+RG, `restart_growth` 2, as IPOP does).
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -300,17 +301,17 @@ class Method:
     rung_eta: int | None = None  # the rungs of this eta (1, 3, 8), promotions by `eta` (None: the same)
     window: int | None = None  # promotions rank a result among its rung's last `window` (None: all)
     min_params: int = 0  # the limit min_params of its searches (--min-params sets it for all)
-    evolution: tuple[tuple[str, int], ...] = ()  # RE's settings over the recipe's (--population wins)
+    evolution: tuple[tuple[str, float], ...] = ()  # RE's settings over the recipe's (--population wins)
 
     @property
     def everything(self) -> bool:
         return self.halving and self.screen > 1 and self.inherit
 
 
-def _restarting(evolution: tuple[tuple[str, int], ...] = ()) -> tuple[tuple[str, int], ...]:
-    """RE's settings `evolution` with restarts after RESTART_AFTER times its population."""
-    population = dict(evolution).get("population", quickstart()["strategy"]["settings"]["population"])
-    return (*evolution, ("restart_after", RESTART_AFTER * population))
+def _restarting(evolution: tuple = (), growth: int = 1) -> tuple[tuple[str, float], ...]:
+    """RE's settings `evolution` with restarts after RESTART_AFTER times its population, each
+    growing the population and tournament by `growth`."""
+    return (*evolution, ("restart_after", RESTART_AFTER), ("restart_growth", growth))
 
 
 #: Everything with its look first, promoting the best sixth over eta 3's rungs; variants below.
@@ -352,6 +353,7 @@ METHODS = {
     "RE+all0+p6wP": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=WIDE),
     "RE+all0+p6wR": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting()),
     "RE+all0+p6wPR": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(WIDE)),
+    "RE+all0+p6wRG": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(growth=2)),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
@@ -1054,7 +1056,8 @@ def recipe(
         "+p6w, +p3w": {"window": WINDOW},
         "RE+all+p6, RE+all0+p6w*, RE+all0+p3w": {"min_params": MIN_PARAMS},
         "+P": dict(WIDE),
-        "+R": {"restart_after": f"{RESTART_AFTER} x population"},
+        "+R": {"restart_after": RESTART_AFTER},
+        "+RG": {"restart_after": RESTART_AFTER, "restart_growth": 2},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

@@ -8,6 +8,7 @@ the sequential algorithm.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from einspace.checker import CheckedTree
@@ -20,6 +21,48 @@ from einspace.tree import Node, content_hash
 #: How often a failed mutation (e.g. a minimal tree with nothing to change) is retried with a new
 #: tournament before falling back to a fresh sample, so one awkward parent cannot stall the search.
 _MUTATION_TRIES = 10
+
+
+@dataclass
+class _Restarts:
+    """When a population has stalled: `after` * P results in a row (0: never) none of which beat
+    the best result since it started (a tie does not, nor a failure). Counted while the population
+    fills too, but a restart waits until it is full."""
+
+    after: float
+    growth: int
+    best: float = float("-inf")
+    since_best: int = 0
+    count: int = 0  # restarts so far
+
+    @staticmethod
+    def of_settings(after: Any, growth: Any) -> _Restarts:
+        if isinstance(after, bool) or not isinstance(after, int | float) or not 0 <= after < float("inf"):
+            raise EinspaceError(
+                f"strategy setting 'restart_after' must be a number >= 0 (0: never), got {after!r}"
+            )
+        return _Restarts(float(after), _positive_int("restart_growth", growth))
+
+    def stalled(self, fitness: float, population: int) -> bool:
+        """Hear one result of a population of `population`: whether it has stalled."""
+        if not self.after:
+            return False
+        if fitness > self.best:
+            self.best, self.since_best = fitness, 0
+        else:
+            self.since_best += 1
+        return self.since_best >= self.after * population
+
+    def restarted(self) -> None:
+        self.best, self.since_best, self.count = float("-inf"), 0, self.count + 1
+
+    def to_json(self) -> dict[str, Any]:
+        best = None if self.best == float("-inf") else self.best  # -inf is not JSON
+        return {"best": best, "since_best": self.since_best, "restarts": self.count}
+
+    def load(self, data: dict[str, Any]) -> None:
+        self.best = float("-inf") if data["best"] is None else float(data["best"])
+        self.since_best, self.count = int(data["since_best"]), int(data["restarts"])
 
 
 @register_strategy
@@ -48,11 +91,12 @@ class RegularisedEvolution(Strategy):
     becomes its result at the highest rung it reached, and a member that reached a higher rung wins
     any tournament against one that did not: promotion is a judgment made with more training.
 
-    With `restart_after` n > 0, a population whose results have not beaten its best for n results
-    in a row is restarted (as restarted evolution strategies do): it is emptied and the next P
-    candidates are fresh samples again, screened as initial samples are. A search whose population
-    settled on a family of poor networks gets new starting points; what it found stays in the
-    store. Seeds start only the first population; children still in flight join the new one.
+    With `restart_after` r > 0, a population whose results have not beaten its best for r * P
+    results in a row is restarted (`_Restarts`): it is emptied and the next P candidates are fresh
+    samples again, screened as initial samples are; P and S grow by `restart_growth` each time (2:
+    IPOP's doubling). A search whose population settled on a family of poor networks gets new
+    starting points; what it found stays in the store. Seeds start only the first population;
+    children still in flight join the new one.
     """
 
     name = "regularised_evolution"
@@ -69,7 +113,8 @@ class RegularisedEvolution(Strategy):
         surrogate: str = "gradient_boosting",
         surrogate_min_results: int = 20,
         mutations: dict[str, float] | None = None,
-        restart_after: int = 0,
+        restart_after: float = 0,
+        restart_growth: int = 1,
     ):
         self.mutations = mutation_weights(mutations)  # read by Strategy.__init__'s variation
         super().__init__(space, random_seed, evaluations)
@@ -86,9 +131,8 @@ class RegularisedEvolution(Strategy):
                 f"strategy setting 'crossover' must be a probability in [0, 1], got {crossover!r}"
             )
         self.crossover = float(crossover)
-        self.restart_after = _positive_int("restart_after", restart_after, minimum=0)  # 0: never
+        self.restart = _Restarts.of_settings(restart_after, restart_growth)
         self._initial_left = self.population_size  # fresh candidates the (re)started population still needs
-        self._best, self._since_best, self.restarts = float("-inf"), 0, 0
         # (id, tree text, fitness), oldest first: the list order *is* the age.
         self.population: list[tuple[int, str, float]] = []
         self.rung_of: dict[int, int] = {}  # member id -> the rung its fitness is from, where above 0
@@ -96,7 +140,7 @@ class RegularisedEvolution(Strategy):
     def _propose(self) -> tuple[Node, str, tuple[int, ...]] | None:
         if self._initial_left:
             self._initial_left -= 1
-            if self.space.seeds and not self.restarts:
+            if self.space.seeds and not self.restart.count:
                 name, tree = self.space.seed_trees()[self.next_id % len(self.space.seeds)]
                 return tree, f"seed:{name}", ()
             propose = self._sample
@@ -184,40 +228,35 @@ class RegularisedEvolution(Strategy):
             dead = self.population.pop(0)[0]
             self.forget(dead)
             self.rung_of.pop(dead, None)
-        if self.restart_after:
-            self._count_towards_restart(fitness)
+        if self.restart.stalled(fitness, self.population_size) and not self._initial_left:
+            self._restart()
 
-    def _count_towards_restart(self, fitness: float) -> None:
-        """Restart once `restart_after` results in a row have not beaten the population's best
-        (not while it is still being filled)."""
-        if fitness > self._best:
-            self._best, self._since_best = fitness, 0
-        else:
-            self._since_best += 1
-        if self._since_best >= self.restart_after and not self._initial_left:
-            for member, _, _ in self.population:
-                self.forget(member)
-            self.population, self.rung_of = [], {}
-            self._initial_left = self.population_size
-            self._best, self._since_best = float("-inf"), 0
-            self.restarts += 1
+    def _restart(self) -> None:
+        """Empty the population; the next P (grown) candidates are fresh samples."""
+        for member, _, _ in self.population:
+            self.forget(member)
+        self.population, self.rung_of = [], {}
+        self.population_size *= self.restart.growth
+        self.tournament_size *= self.restart.growth
+        self._initial_left = self.population_size
+        self.restart.restarted()
 
     def _restart_state(self) -> dict[str, Any]:
-        best = None if self._best == float("-inf") else self._best
         return {
+            **self.restart.to_json(),
             "initial_left": self._initial_left,
-            "best": best,
-            "since_best": self._since_best,
-            "restarts": self.restarts,
+            "population": self.population_size,
+            "tournament": self.tournament_size,
         }
 
     def _load_restart_state(self, state: dict[str, Any]) -> None:
-        # absent before restarts (2026-11-28): the first population, never restarted
-        restart = state.get("restart") or {"initial_left": max(0, self.population_size - self.next_id)}
-        self._initial_left = int(restart["initial_left"])
-        best = restart.get("best")
-        self._best = float("-inf") if best is None else float(best)
-        self._since_best, self.restarts = int(restart.get("since_best", 0)), int(restart.get("restarts", 0))
+        saved = state.get("restart")
+        if saved is None:  # written before restarts (2026-11-28): the first population, never restarted
+            self._initial_left = max(0, self.population_size - self.next_id)
+            return
+        self.restart.load(saved)
+        self._initial_left = int(saved["initial_left"])
+        self.population_size, self.tournament_size = int(saved["population"]), int(saved["tournament"])
 
     def _extra_state(self) -> dict[str, Any]:
         # -inf is not JSON: failed individuals are stored with fitness null.

@@ -20,10 +20,21 @@ LIMITS = Limits(max_depth=12, max_nodes=80)
 
 
 def make(
-    restart_after: int, population: int = 4, seeds: list | None = None, random_seed: int = 0
+    restart_after: float,
+    population: int = 4,
+    seeds: list | None = None,
+    random_seed: int = 0,
+    growth: int = 1,
 ) -> RegularisedEvolution:
+    """RE (tournament 2) restarting after `restart_after` x `population` results without a new best."""
     space = SearchSpace(GRAMMAR, INPUT, LIMITS, seeds or [])
-    settings = {"evaluations": 40, "population": population, "tournament": 2, "restart_after": restart_after}
+    settings = {
+        "evaluations": 60,
+        "population": population,
+        "tournament": 2,
+        "restart_after": restart_after,
+        "restart_growth": growth,
+    }
     return get_strategy("regularised_evolution", space, random_seed, settings)
 
 
@@ -38,82 +49,83 @@ def one_at_a_time(strategy: RegularisedEvolution, fitness, count: int) -> list[s
 
 
 def test_a_population_that_stops_improving_is_filled_again_with_fresh_samples():
-    s = make(restart_after=3)
+    s = make(restart_after=0.75)
     # the first result sets the best; three that do not beat it restart the population of 4
     assert one_at_a_time(s, lambda i: 0.0, 4) == ["sampled"] * 4
-    assert s.restarts == 1 and s.population == [] and s.live_parents() == set()
+    assert s.restart.count == 1 and s.population == [] and s.live_parents() == set()
     assert one_at_a_time(s, lambda i: 0.0, 4) == ["sampled"] * 4
-    assert s.restarts == 2
+    assert s.restart.count == 2
 
 
 def test_without_restarts_the_same_population_goes_on_to_children():
     s = make(restart_after=0)
     origins = one_at_a_time(s, lambda i: 0.0, 12)
     assert origins[:4] == ["sampled"] * 4
-    assert set(origins[4:]) == {"mutation"} and s.restarts == 0
+    assert set(origins[4:]) == {"mutation"} and s.restart.count == 0
 
 
 def test_a_population_that_keeps_improving_is_never_restarted():
-    s = make(restart_after=2)
+    s = make(restart_after=0.5)
     origins = one_at_a_time(s, lambda i: float(i), 30)
-    assert set(origins[4:]) == {"mutation"} and s.restarts == 0
+    assert set(origins[4:]) == {"mutation"} and s.restart.count == 0
 
 
 def test_results_that_tie_the_best_count_towards_a_restart():
-    s = make(restart_after=5)
+    s = make(restart_after=1.25)
     one_at_a_time(s, lambda i: 1.0 if i == 0 else 0.5, 5)
-    assert s.restarts == 0  # four results below the first
+    assert s.restart.count == 0  # four results below the first
     one_at_a_time(s, lambda i: 1.0, 1)
-    assert s.restarts == 1  # a fifth that only ties it
+    assert s.restart.count == 1  # a fifth that only ties it
 
 
 def test_the_count_restarts_after_an_improvement():
-    s = make(restart_after=3)
+    s = make(restart_after=0.75)
     scores = {0: 1.0, 1: 0.0, 2: 0.0, 3: 2.0, 4: 0.0, 5: 0.0}
     one_at_a_time(s, scores.get, 6)
-    assert s.restarts == 0  # two below 1.0, then 2.0, then two below it
+    assert s.restart.count == 0  # two below 1.0, then 2.0, then two below it
     one_at_a_time(s, lambda i: 0.0, 1)
-    assert s.restarts == 1
+    assert s.restart.count == 1
 
 
 def test_no_restart_while_the_population_is_still_being_filled():
-    s = make(restart_after=1)
+    s = make(restart_after=0.25)
     one_at_a_time(s, lambda i: 0.0, 3)  # two results below the best, but one sample still to come
-    assert s.restarts == 0 and len(s.population) == 3
+    assert s.restart.count == 0 and len(s.population) == 3
     one_at_a_time(s, lambda i: 0.0, 1)
-    assert s.restarts == 1
+    assert s.restart.count == 1
 
 
 def test_failures_never_beat_the_best():
-    s = make(restart_after=3)
+    s = make(restart_after=0.75)
     one_at_a_time(s, lambda i: 0.0 if i == 0 else float("-inf"), 4)
-    assert s.restarts == 1
+    assert s.restart.count == 1
 
 
 def test_seeds_start_only_the_first_population():
     seeds = [("resnet18", to_text(load_seed("resnet18", GRAMMAR, INPUT)))]
-    s = make(restart_after=2, population=3, seeds=seeds)
+    s = make(restart_after=2 / 3, population=3, seeds=seeds)
     first = one_at_a_time(s, lambda i: 0.0, 3)
-    assert first == ["seed:resnet18"] * 3 and s.restarts == 1
+    assert first == ["seed:resnet18"] * 3 and s.restart.count == 1
     assert one_at_a_time(s, lambda i: 0.0, 3) == ["sampled"] * 3
 
 
 def test_children_in_flight_join_the_restarted_population():
-    s = make(restart_after=2, population=2)
+    s = make(restart_after=1, population=2)
     a, b = s.ask(), s.ask()
     s.tell(a.id, 1.0)
     s.tell(b.id, 0.0)
     child_1, child_2 = s.ask(), s.ask()
     assert child_1.origin == child_2.origin == "mutation"
     s.tell(child_1.id, 0.0)  # the second result in a row below 1.0: restart
-    assert s.restarts == 1 and s.population == []
+    assert s.restart.count == 1 and s.population == []
     s.tell(child_2.id, 0.5)
     assert [m for m, _, _ in s.population] == [child_2.id]
     assert s.ask().origin == "sampled"  # the restarted population still needs a fresh sample
 
 
 @pytest.mark.parametrize("in_flight", [1, 3])
-def test_state_round_trip_across_restarts(in_flight):
+@pytest.mark.parametrize("growth", [1, 2])
+def test_state_round_trip_across_restarts(in_flight, growth):
     def drive(strategy, count):
         asked, outstanding = [], list(strategy.pending())
         while len(asked) < count:
@@ -127,11 +139,11 @@ def test_state_round_trip_across_restarts(in_flight):
             strategy.tell(c.id, float(len(c.tree) % 5))
         return asked
 
-    a = make(restart_after=3)
+    a = make(restart_after=0.75, growth=growth)
     drive(a, 14)
-    assert a.restarts >= 1
+    assert a.restart.count >= 1
     state = json.loads(json.dumps(a.state_dict(), allow_nan=False))
-    b = make(restart_after=3, random_seed=999)  # everything must come from the state
+    b = make(restart_after=0.75, random_seed=999, growth=growth)  # all must come from the state
     b.load_state_dict(state)
     assert b.state_dict() == a.state_dict()
     assert drive(b, 20) == drive(a, 20)
@@ -147,7 +159,36 @@ def test_a_checkpoint_from_before_restarts_resumes_as_the_first_population():
     assert one_at_a_time(b, lambda i: 0.0, 10) == one_at_a_time(a, lambda i: 0.0, 10)
 
 
-@pytest.mark.parametrize("value", [-1, 2.5, "often", True])
-def test_a_bad_restart_after_names_the_setting(value):
-    with pytest.raises(EinspaceError, match="restart_after"):
-        make(restart_after=value)
+def test_each_restart_grows_the_population_and_tournament():
+    s = make(restart_after=0.5, growth=2)  # two results below the best, counted from a population of 4
+    assert one_at_a_time(s, lambda i: 0.0, 4) == ["sampled"] * 4
+    assert (s.restart.count, s.population_size, s.tournament_size) == (1, 8, 4)
+    # eight fresh samples now; the count restarts, and four results below the best restart it
+    assert one_at_a_time(s, lambda i: 0.0, 8) == ["sampled"] * 8
+    assert (s.restart.count, s.population_size, s.tournament_size) == (2, 16, 8)
+
+
+def test_a_grown_population_ages_out_at_its_new_size():
+    s = make(restart_after=0.5, growth=2)
+    one_at_a_time(s, lambda i: 0.0, 4)
+    one_at_a_time(s, lambda i: float(i), 12)  # eight fresh samples, then four children, all improving
+    assert s.restart.count == 1 and len(s.population) == 8
+    assert [m for m, _, _ in s.population] == list(range(8, 16))
+
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        ("restart_after", -1),
+        ("restart_after", "often"),
+        ("restart_after", True),
+        ("restart_after", float("inf")),
+        ("restart_growth", 0),
+        ("restart_growth", 1.5),
+    ],
+)
+def test_a_bad_restart_setting_is_named(setting, value):
+    settings = {"restart_after": 1.0, "growth": 1}
+    settings["growth" if setting == "restart_growth" else "restart_after"] = value
+    with pytest.raises(EinspaceError, match=setting):
+        make(**settings)
