@@ -58,7 +58,7 @@ class _Restarts:
 
     def to_json(self) -> dict[str, Any]:
         best = None if self.best == float("-inf") else self.best  # -inf is not JSON
-        return {"best": best, "since_best": self.since_best, "restarts": self.count}
+        return {"after": self.after, "best": best, "since_best": self.since_best, "restarts": self.count}
 
     def load(self, data: dict[str, Any]) -> None:
         self.best = float("-inf") if data["best"] is None else float(data["best"])

@@ -105,7 +105,7 @@ def compute_rows(
         rows.append(("partial results kept (time budget)", str(s.partial)))
     if s.incumbent_at is not None:
         rows.append(("best found after", f"{s.incumbent_at:.1f} s"))
-    details = _inheritance_rows(h) + _surrogate_rows(checkpoint)
+    details = _inheritance_rows(h) + _surrogate_rows(checkpoint) + _restart_rows(checkpoint)
     if set(s.by_fidelity) <= {None}:
         return rows, details
     fidelities, top = [], max(f for f in s.by_fidelity if f is not None)
@@ -134,6 +134,20 @@ def _inheritance_rows(h: Columns) -> list[tuple[str, str]]:
     if missing:
         text += f"; {missing} found no parent weights (fresh initialisation)"
     return [("weights inherited", text)]
+
+
+def _restart_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """How often evolution restarted its population (`restart_after`), where it may."""
+    state = checkpoint or {}
+    while "base" in state and "restart" not in state:
+        state = state["base"]
+    restart = state.get("restart")
+    if not restart or not restart.get("after"):
+        return []
+    text = f"{restart['restarts']} (after {restart['after']:g} x population results without a new best)"
+    if restart["restarts"]:
+        text += f"; population now {restart['population']}, tournament {restart['tournament']}"
+    return [("population restarts", text)]
 
 
 def _surrogate_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from search_helpers import experiment
 
 from einspace import Limits, input_state, load_grammar
 from einspace.errors import EinspaceError
 from einspace.search.evolution import RegularisedEvolution
+from einspace.search.loop import SearchRun
+from einspace.search.report import report
 from einspace.search.strategy import SearchSpace, get_strategy
 from einspace.seeds import load_seed
 from einspace.tree import to_text
@@ -192,3 +195,29 @@ def test_a_bad_restart_setting_is_named(setting, value):
     settings["growth" if setting == "restart_growth" else "restart_after"] = value
     with pytest.raises(EinspaceError, match=setting):
         make(**settings)
+
+
+def test_a_search_restarts_resumes_with_its_count_and_reports_it(tmp_path):
+    """A real search (the cheap test evaluator) that restarts, interrupted and resumed: the resumed
+    run goes on as one uninterrupted run does, and the report says how often it restarted."""
+    strategy = {"settings": {"evaluations": 60, "population": 5, "restart_after": 1, "restart_growth": 2}}
+
+    def finished(run_dir, stop_after=None):
+        e = experiment(run_dir, strategy=strategy)
+        if stop_after is not None:
+            with SearchRun.start(e) as run:
+                assert not run.run(e.make_executor(), max_results=stop_after).finished
+        with SearchRun.start(e) as run:
+            assert run.run(e.make_executor()).finished
+            return [(r.tree, r.origin) for r in run.store.history()], run.strategy.restart
+
+    whole, restart = finished(tmp_path / "whole")
+    resumed, restart_resumed = finished(tmp_path / "resumed", stop_after=23)
+    assert restart.count >= 1 and resumed == whole and restart_resumed == restart
+    text = report(tmp_path / "whole", plot=False)
+    assert f"population restarts: {restart.count} (after 1 x population" in text
+    assert f"population now {5 * 2**restart.count}" in text
+    plain = experiment(tmp_path / "plain", strategy={"settings": {"evaluations": 12}})
+    with SearchRun.start(plain) as run:
+        run.run(plain.make_executor())
+    assert "population restarts" not in report(tmp_path / "plain", plot=False)
