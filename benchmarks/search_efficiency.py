@@ -45,12 +45,13 @@ have spent it. Methods, each from scratch and seeded:
           RE+all0+p6 promoted 23-62% of its inheriting children from the look.
           The RE+all methods refuse trees of under MIN_PARAMS parameters (`min_params`), as
           `--min-params` does for every method.
-- RE+all0+p6wP, RE+all0+p6wR, RE+all0+p6wPR, RE+all0+p6wRG (from scratch only): RE+all0+p6w
-          with RE's population and tournament at 48 and 12 (+P: three times the recipe's 16 and
-          4, so the first population holds three times the fresh samples), with restarts (+R,
-          `restart_after` 2: a population whose results have not beaten its best for twice its
-          size in a row is filled again with fresh samples), both, or restarts that double the
-          population and tournament each time (+RG, `restart_growth` 2, as IPOP does).
+- RE+all0+p6wP, RE+all0+p6wR, RE+all0+p6wPR, RE+all0+p6wRG, RE+all0+p6wRG4 (from scratch
+          only): RE+all0+p6w with RE's population and tournament at 48 and 12 (+P: three times
+          the recipe's 16 and 4, so the first population holds three times the fresh samples),
+          with restarts (+R, `restart_after` 2: a population whose results have not beaten its
+          best for twice its size in a row is filled again with fresh samples), both, or
+          restarts that double the population and tournament each time (+RG, `restart_growth`
+          2, as IPOP does; +RG4: the same after four times the population).
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -308,10 +309,12 @@ class Method:
         return self.halving and self.screen > 1 and self.inherit
 
 
-def _restarting(evolution: tuple = (), growth: int = 1) -> tuple[tuple[str, float], ...]:
-    """RE's settings `evolution` with restarts after RESTART_AFTER times its population, each
-    growing the population and tournament by `growth`."""
-    return (*evolution, ("restart_after", RESTART_AFTER), ("restart_growth", growth))
+def _restarting(
+    evolution: tuple = (), growth: int = 1, after: float = RESTART_AFTER
+) -> tuple[tuple[str, float], ...]:
+    """RE's settings `evolution` with restarts after `after` times its population, each growing
+    the population and tournament by `growth`."""
+    return (*evolution, ("restart_after", after), ("restart_growth", growth))
 
 
 #: Everything with its look first, promoting the best sixth over eta 3's rungs; variants below.
@@ -354,6 +357,12 @@ METHODS = {
     "RE+all0+p6wR": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting()),
     "RE+all0+p6wPR": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(WIDE)),
     "RE+all0+p6wRG": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(growth=2)),
+    "RE+all0+p6wRG4": replace(
+        ALL0_P6,
+        window=WINDOW,
+        min_params=MIN_PARAMS,
+        evolution=_restarting(growth=2, after=2 * RESTART_AFTER),
+    ),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),
@@ -1058,6 +1067,7 @@ def recipe(
         "+P": dict(WIDE),
         "+R": {"restart_after": RESTART_AFTER},
         "+RG": {"restart_after": RESTART_AFTER, "restart_growth": 2},
+        "+RG4": {"restart_after": 2 * RESTART_AFTER, "restart_growth": 2},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }
