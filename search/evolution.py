@@ -27,7 +27,7 @@ _MUTATION_TRIES = 10
 class _Restarts:
     """When a population has stalled: `after` * P results in a row (0: never) none of which beat
     the best result since it started (a tie does not, nor a failure). Counted while the population
-    fills too, but a restart waits until it is full."""
+    fills too, but a restart waits until all its fresh samples have been proposed."""
 
     after: float
     growth: int
