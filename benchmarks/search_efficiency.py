@@ -1064,10 +1064,7 @@ def recipe(
         "+p6": {"eta": ETA_SELECTIVE, "rungs": "RE+SH's or RE+SH0's"},
         "+p6w, +p3w": {"window": WINDOW},
         "RE+all+p6, RE+all0+p6w*, RE+all0+p3w": {"min_params": MIN_PARAMS},
-        "+P": dict(WIDE),
-        "+R": {"restart_after": RESTART_AFTER},
-        "+RG": {"restart_after": RESTART_AFTER, "restart_growth": 2},
-        "+RG4": {"restart_after": 2 * RESTART_AFTER, "restart_growth": 2},
+        **{m: dict(method.evolution) for m, method in METHODS.items() if method.evolution},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

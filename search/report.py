@@ -138,10 +138,9 @@ def _inheritance_rows(h: Columns) -> list[tuple[str, str]]:
 
 def _restart_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
     """How often evolution restarted its population (`restart_after`), where it may."""
-    state = checkpoint or {}
-    while "base" in state and "restart" not in state:
-        state = state["base"]
-    restart = state.get("restart")
+    from einspace.search.strategy import saved_state
+
+    restart = (saved_state(checkpoint, "restart") or {}).get("restart")
     if not restart or not restart.get("after"):
         return []
     text = f"{restart['restarts']} (after {restart['after']:g} x population results without a new best)"

@@ -31,6 +31,7 @@ __all__ = [
     "register_strategy",
     "rng_from_json",
     "rng_to_json",
+    "saved_state",
 ]
 
 
@@ -101,6 +102,15 @@ class SearchSpace:
         """Mutation and crossover on `rng`, with the mutation operators' weights (None: the
         paper's subtree mutation alone)."""
         return Variation(self.grammar, self.input, self.limits, rng=rng, mutations=mutations)
+
+
+def saved_state(checkpoint: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    """The state, in a run's checkpoint, of the strategy that saved `key` (one that successive
+    halving wraps is under `base`); None when no strategy in it saved `key`."""
+    state = checkpoint or {}
+    while "base" in state and key not in state:
+        state = state["base"]
+    return state if key in state else None
 
 
 def rng_to_json(rng: random.Random) -> list[Any]:

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from einspace.errors import EinspaceError
+from einspace.search.strategy import saved_state
 from einspace.tree import Node, format_terminal, walk_depths
 
 if TYPE_CHECKING:
@@ -114,10 +115,8 @@ def screened_pairs(checkpoint: dict[str, Any] | None) -> list[tuple[float, float
     """The (predicted, measured) fitness of every child a run's surrogate screened, in the order
     they came back (a failed one measured -inf), from its checkpoint (a wrapped strategy's state is
     under `base`); None when the run screens nothing."""
-    state = checkpoint or {}
-    while "base" in state and "surrogate" not in state:
-        state = state["base"]
-    if "surrogate" not in state:
+    state = saved_state(checkpoint, "surrogate")
+    if state is None:
         return None
     return [(p, -math.inf if m is None else m) for p, m in state["surrogate"]["pairs"]]
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from search_helpers import experiment
+from test_search_strategies import drive
 
 from einspace import Limits, input_state, load_grammar
 from einspace.errors import EinspaceError
@@ -129,27 +130,14 @@ def test_children_in_flight_join_the_restarted_population():
 @pytest.mark.parametrize("in_flight", [1, 3])
 @pytest.mark.parametrize("growth", [1, 2])
 def test_state_round_trip_across_restarts(in_flight, growth):
-    def drive(strategy, count):
-        asked, outstanding = [], list(strategy.pending())
-        while len(asked) < count:
-            while len(outstanding) < in_flight and len(asked) < count:
-                c = strategy.ask()
-                if c is None:
-                    break
-                asked.append((c.id, c.tree, c.origin))
-                outstanding.append(c)
-            c = outstanding.pop(0)
-            strategy.tell(c.id, float(len(c.tree) % 5))
-        return asked
-
     a = make(restart_after=0.75, growth=growth)
-    drive(a, 14)
+    drive(a, in_flight, stop_after=14)
     assert a.restart.count >= 1
     state = json.loads(json.dumps(a.state_dict(), allow_nan=False))
     b = make(restart_after=0.75, random_seed=999, growth=growth)  # all must come from the state
     b.load_state_dict(state)
     assert b.state_dict() == a.state_dict()
-    assert drive(b, 20) == drive(a, 20)
+    assert drive(b, in_flight) == drive(a, in_flight)
 
 
 def test_a_checkpoint_from_before_restarts_resumes_as_the_first_population():
