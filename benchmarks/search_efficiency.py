@@ -45,13 +45,18 @@ have spent it. Methods, each from scratch and seeded:
           RE+all0+p6 promoted 23-62% of its inheriting children from the look.
           The RE+all methods refuse trees of under MIN_PARAMS parameters (`min_params`), as
           `--min-params` does for every method.
-- RE+all0+p6wP, RE+all0+p6wR, RE+all0+p6wPR, RE+all0+p6wRG, RE+all0+p6wRG4 (from scratch
-          only): RE+all0+p6w with RE's population and tournament at 48 and 12 (+P: three times
+- RE+all0+p6wP, RE+all0+p6wR, RE+all0+p6wPR, RE+all0+p6wRG, RE+all0+p6wRG4, RE+all0+p6wRGK
+          (from scratch only): RE+all0+p6w with RE's population and tournament at 48 and 12 (+P: three times
           the recipe's 16 and 4, so the first population holds three times the fresh samples),
           with restarts (+R, `restart_after` 2: a population whose results have not beaten its
           best for twice its size in a row is filled again with fresh samples), both, or
           restarts that double the population and tournament each time (+RG, `restart_growth`
-          2, as IPOP does; +RG4: the same after four times the population).
+          2, as IPOP does; +RG4: the same after four times the population; +RGK: +RG whose
+          restarts keep the population's best, `restart_keep` 1).
+- RE+all0+p6wL, RE+all0+p6wRGL, RE+all0+p6wRGKL (from scratch only): RE+all0+p6w, RE+all0+p6wRG
+          and RE+all0+p6wRGK whose looks
+          fit the head to LOOK_EXAMPLES training examples (`look_examples`) instead of 1,024: the
+          forward passes over them are most of a look's cost, and looks most of these searches'.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -197,6 +202,7 @@ WINDOW = 36  # +p6w: ... of its last 36 results
 MIN_PARAMS = 1000  # RE+all0+p6w: no tree of fewer parameters is sampled or made by mutation
 WIDE = (("population", 48), ("tournament", 12))  # +P: RE's population and tournament, 3x the recipe's
 RESTART_AFTER = 2  # +R: restart a population that has not improved for this many times its size
+LOOK_EXAMPLES = 512  # +L: the look at 0 epochs fits the head to this many examples (the default 1,024)
 
 
 @register_strategy
@@ -303,6 +309,7 @@ class Method:
     window: int | None = None  # promotions rank a result among its rung's last `window` (None: all)
     min_params: int = 0  # the limit min_params of its searches (--min-params sets it for all)
     evolution: tuple[tuple[str, float], ...] = ()  # RE's settings over the recipe's (--population wins)
+    look_examples: int | None = None  # the evaluator's look_examples (None: its default)
 
     @property
     def everything(self) -> bool:
@@ -310,11 +317,12 @@ class Method:
 
 
 def _restarting(
-    evolution: tuple = (), growth: int = 1, after: float = RESTART_AFTER
+    evolution: tuple = (), growth: int = 1, after: float = RESTART_AFTER, keep: int = 0
 ) -> tuple[tuple[str, float], ...]:
     """RE's settings `evolution` with restarts after `after` times its population, each growing
-    the population and tournament by `growth`."""
-    return (*evolution, ("restart_after", after), ("restart_growth", growth))
+    the population and tournament by `growth` and keeping its `keep` best."""
+    keeping = (("restart_keep", keep),) if keep else ()
+    return (*evolution, ("restart_after", after), ("restart_growth", growth), *keeping)
 
 
 #: Everything with its look first, promoting the best sixth over eta 3's rungs; variants below.
@@ -362,6 +370,24 @@ METHODS = {
         window=WINDOW,
         min_params=MIN_PARAMS,
         evolution=_restarting(growth=2, after=2 * RESTART_AFTER),
+    ),
+    "RE+all0+p6wRGK": replace(
+        ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(growth=2, keep=1)
+    ),
+    "RE+all0+p6wRGKL": replace(
+        ALL0_P6,
+        window=WINDOW,
+        min_params=MIN_PARAMS,
+        evolution=_restarting(growth=2, keep=1),
+        look_examples=LOOK_EXAMPLES,
+    ),
+    "RE+all0+p6wL": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, look_examples=LOOK_EXAMPLES),
+    "RE+all0+p6wRGL": replace(
+        ALL0_P6,
+        window=WINDOW,
+        min_params=MIN_PARAMS,
+        evolution=_restarting(growth=2),
+        look_examples=LOOK_EXAMPLES,
     ),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
@@ -445,6 +471,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
             "settings": {
                 **evaluator_settings(task, data_dir, job.overrides),
                 **({"inherit_weights": True} if method.inherit else {}),
+                **({"look_examples": method.look_examples} if method.look_examples else {}),
             },
         },
         "strategy": {"name": method.strategy, "settings": strategy},
@@ -1065,6 +1092,7 @@ def recipe(
         "+p6w, +p3w": {"window": WINDOW},
         "RE+all+p6, RE+all0+p6w*, RE+all0+p3w": {"min_params": MIN_PARAMS},
         **{m: dict(method.evolution) for m, method in METHODS.items() if method.evolution},
+        "+L": {"look_examples": LOOK_EXAMPLES},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

@@ -3,8 +3,9 @@
 Multi-fidelity search can look at an architecture before training it at all: a rung at 0 epochs,
 below the first training rung (`multi_fidelity: {min_fidelity: 0}`). The backbone keeps its
 random initialisation; the classification head's linear layer is fitted to a sample of the
-training examples by ridge regression on one-hot targets (in float64); the result is the validation
-accuracy of that network, on the same scale as a trained one's. The fit is on the features as they
+training examples (the setting `look_examples`) by ridge regression on one-hot targets (in
+float64); the result is the validation accuracy of that network, on the same scale as a trained
+one's. The fit is on the features as they
 are, so that the look scores what training from a random head can use: a feature whose spread is
 far below the penalty's scale (a softmax over 512 channels varies by about 1/512) is as good as
 absent, as it is to SGD. Standardised features (`standardise`, each scaled to unit spread) are
@@ -29,7 +30,9 @@ from einspace.evaluators.objectives import Classification, Objective
 from einspace.network.compiler import ClassificationHead
 
 __all__ = ["FIT_EXAMPLES", "HEAD_INITS", "RIDGE", "fit_head", "head_fit_problem"]
-#: Training examples the head is fitted on: a sample drawn with the run's data-order generator.
+#: Training examples the head is fitted on before training (`head_init: fitted`), and by default
+#: for the look at 0 epochs (the setting `look_examples`): a sample drawn with the run's data-order
+#: generator.
 FIT_EXAMPLES = 1024
 #: The ridge penalty per example: against a feature of unit spread (a normalised one; every
 #: standardised one) whose squared norm is the number of examples, a fraction of it: enough to keep
@@ -55,9 +58,10 @@ def fit_head(
     order: torch.Generator,
     training: bool = False,
     standardise: bool = False,
+    examples: int = FIT_EXAMPLES,
 ) -> tuple[float, float]:
     """Set the head's linear layer of `network` (backbone, then a ClassificationHead) to the ridge
-    fit on up to FIT_EXAMPLES rows of `data` drawn with `order`; returns the fitted network's
+    fit on up to `examples` rows of `data` drawn with `order`; returns the fitted network's
     (loss, metric) on them. `batch(x, y, index)` moves rows to the device (`Runtime.batch`). The
     features are those of eval mode, as the network is scored (batch norm at initialisation is
     the identity), or with `training` those that training sees (batch norm on the statistics of
@@ -71,7 +75,7 @@ def fit_head(
                 f"{type(head).__name__}"
             )
         x, y = data
-        rows = torch.randperm(len(y), generator=order)[:FIT_EXAMPLES]
+        rows = torch.randperm(len(y), generator=order)[:examples]
         buffers = {name: b.clone() for name, b in network.named_buffers()}
         network.train(training)
         features, targets = [], []

@@ -260,7 +260,9 @@ def _train(
         fitted = settings.head_init == "fitted"  # the look at 0 epochs scores what training starts from
         fit = partial(fit_head, model, train_data, objective, runtime.batch)
         if settings.epochs == 0:
-            done = _Epochs(*fit(settings.eval_batch_size, shuffle, standardise=fitted))
+            done = _Epochs(
+                *fit(settings.eval_batch_size, shuffle, standardise=fitted, examples=settings.look_examples)
+            )
         else:
             if fitted and start == 0 and not built.metrics.get("inherited_head"):
                 fit(settings.batch_size, shuffle, training=True, standardise=True)

@@ -10,6 +10,7 @@ from einspace.evaluators._runtime import STEP_MODES
 from einspace.evaluators._settings import HEAD_INITS, SCHEDULES, require
 from einspace.evaluators.auxiliary import check_auxiliary_settings
 from einspace.evaluators.budgets import Budget
+from einspace.evaluators.head_fit import FIT_EXAMPLES
 from einspace.evaluators.optim import OPTIMIZERS, check_param_groups
 from einspace.network.compiler import HEAD_POOLINGS
 
@@ -37,6 +38,9 @@ class TrainingSettings:
     # random | fitted: before the first epoch (unless the head is inherited), the head's linear layer
     # is fitted in closed form to the backbone's features (einspace.evaluators.head_fit)
     head_init: str = "random"
+    # the look at 0 epochs fits the head to this many training examples: its forward passes over
+    # them are most of its cost (einspace.evaluators.head_fit)
+    look_examples: int = FIT_EXAMPLES
     param_groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # see evaluators.optim
     auxiliary_losses: dict[str, Any] = field(default_factory=dict)  # see evaluators.auxiliary
     metric: str | None = None  # accuracy | relative_l2; None: what the dataset's targets imply
@@ -74,7 +78,7 @@ class TrainingSettings:
             f"setting milestones must be a list of fractions in (0, 1), got {self.milestones!r}",
         )
         object.__setattr__(self, "milestones", tuple(float(m) for m in self.milestones))
-        for name, least in (("epochs", 0), ("batch_size", 1), ("eval_batch_size", 1)):
+        for name, least in (("epochs", 0), ("batch_size", 1), ("eval_batch_size", 1), ("look_examples", 2)):
             value = getattr(self, name)
             require(
                 isinstance(value, int) and not isinstance(value, bool) and value >= least,

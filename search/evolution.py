@@ -96,7 +96,9 @@ class RegularisedEvolution(Strategy):
     samples again, screened as initial samples are; P and S grow by `restart_growth` each time (2:
     IPOP's doubling). A search whose population settled on a family of poor networks gets new
     starting points; what it found stays in the store. Seeds start only the first population;
-    children still in flight join the new one.
+    children still in flight join the new one. With `restart_keep` k, the population's k best
+    (the highest rung first) survive a restart: they rejoin it as its youngest once its fresh
+    samples have been proposed, so a lineage still worth refining competes with the new starts.
     """
 
     name = "regularised_evolution"
@@ -115,6 +117,7 @@ class RegularisedEvolution(Strategy):
         mutations: dict[str, float] | None = None,
         restart_after: float = 0,
         restart_growth: int = 1,
+        restart_keep: int = 0,
     ):
         self.mutations = mutation_weights(mutations)  # read by Strategy.__init__'s variation
         super().__init__(space, random_seed, evaluations)
@@ -132,6 +135,8 @@ class RegularisedEvolution(Strategy):
             )
         self.crossover = float(crossover)
         self.restart = _Restarts.of_settings(restart_after, restart_growth)
+        self.restart_keep = _positive_int("restart_keep", restart_keep, minimum=0)
+        self._kept: list[tuple[int, str, float]] = []  # members a restart kept, until they rejoin
         self._initial_left = self.population_size  # fresh candidates the (re)started population still needs
         # (id, tree text, fitness), oldest first: the list order *is* the age.
         self.population: list[tuple[int, str, float]] = []
@@ -147,6 +152,8 @@ class RegularisedEvolution(Strategy):
         elif not self.population:
             return None  # every initial candidate is still in flight: wait for one to come back
         else:
+            self.population += self._kept  # those a restart kept rejoin, as the youngest
+            self._kept = []
             propose = self._vary
         if self.surrogate is None or not self.surrogate.ready:
             return propose()[:3]
@@ -190,15 +197,19 @@ class RegularisedEvolution(Strategy):
         return self._sample()
 
     def live_parents(self) -> set[int]:
-        """The population: only its members enter tournaments."""
-        return {i for i, _, _ in self.population}
+        """The population (and the members a restart kept): only they enter tournaments."""
+        return {i for i, _, _ in self.population + self._kept}
+
+    def _rank(self, member: tuple[int, str, float]) -> tuple[int, float]:
+        """What a tournament compares: the highest rung reached, then fitness."""
+        return self.rung_of.get(member[0], 0), member[2]
 
     def _tournament(self) -> tuple[int, str, float]:
         """The fittest of S uniform draws, the highest rung first (ties: the first drawn)."""
         best, best_key = None, None
         for _ in range(self.tournament_size):
             contender = self.rng.choice(self.population)
-            key = (self.rung_of.get(contender[0], 0), contender[2])
+            key = self._rank(contender)
             if best_key is None or key > best_key:
                 best, best_key = contender, key
         assert best is not None
@@ -206,10 +217,11 @@ class RegularisedEvolution(Strategy):
 
     def hear_promotion(self, candidate_id: int, rung: int, fitness: float) -> None:
         """A living member's result at a higher rung replaces its fitness; the dead are gone."""
-        for i, (member, tree, _) in enumerate(self.population):
-            if member == candidate_id:
-                self.population[i] = (member, tree, float(fitness))
-                self.rung_of[member] = rung
+        for members in (self.population, self._kept):
+            for i, (member, tree, _) in enumerate(members):
+                if member == candidate_id:
+                    members[i] = (member, tree, float(fitness))
+                    self.rung_of[member] = rung
 
     def _features_of(self, tree: Node, checked: CheckedTree | None = None) -> dict[str, float]:
         return tree_features(tree, self.space.grammar, self.space.input, checked)
@@ -224,7 +236,7 @@ class RegularisedEvolution(Strategy):
             if candidate.id in self._predicted:
                 self.surrogate.pairs.append((self._predicted.pop(candidate.id), fitness))
         self.population.append((candidate.id, candidate.tree, fitness))
-        if len(self.population) > self.population_size:
+        while len(self.population) > self.population_size:  # more than one after the kept rejoined
             dead = self.population.pop(0)[0]
             self.forget(dead)
             self.rung_of.pop(dead, None)
@@ -232,10 +244,15 @@ class RegularisedEvolution(Strategy):
             self._restart()
 
     def _restart(self) -> None:
-        """Empty the population; the next P (grown) candidates are fresh samples."""
-        for member, _, _ in self.population:
+        """Empty the population but its `restart_keep` best; the next P (grown) candidates are
+        fresh samples."""
+        # stable: the older first; those kept last time and not yet rejoined compete as the oldest
+        ranked = sorted(self._kept + self.population, key=self._rank, reverse=True)
+        self._kept = ranked[: self.restart_keep]
+        for member, _, _ in ranked[self.restart_keep :]:
             self.forget(member)
-        self.population, self.rung_of = [], {}
+        self.population, kept = [], {i for i, _, _ in self._kept}
+        self.rung_of = {i: r for i, r in self.rung_of.items() if i in kept}
         self.population_size *= self.restart.growth
         self.tournament_size *= self.restart.growth
         self._initial_left = self.population_size
@@ -247,6 +264,8 @@ class RegularisedEvolution(Strategy):
             "initial_left": self._initial_left,
             "population": self.population_size,
             "tournament": self.tournament_size,
+            "keep": self.restart_keep,
+            "kept": _saved(self._kept),
         }
 
     def _load_restart_state(self, state: dict[str, Any]) -> None:
@@ -257,11 +276,11 @@ class RegularisedEvolution(Strategy):
         self.restart.load(saved)
         self._initial_left = int(saved["initial_left"])
         self.population_size, self.tournament_size = int(saved["population"]), int(saved["tournament"])
+        self._kept = _members(saved.get("kept", []))  # absent before restart_keep (2026-11-29)
 
     def _extra_state(self) -> dict[str, Any]:
-        # -inf is not JSON: failed individuals are stored with fitness null.
         state: dict[str, Any] = {
-            "population": [[i, t, None if f == float("-inf") else f] for i, t, f in self.population],
+            "population": _saved(self.population),
             "rung_of": sorted(self.rung_of.items()),
             "restart": self._restart_state(),
         }
@@ -272,9 +291,7 @@ class RegularisedEvolution(Strategy):
         return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
-        self.population = [
-            (int(i), t, float("-inf") if f is None else float(f)) for i, t, f in state["population"]
-        ]
+        self.population = _members(state["population"])
         self.rung_of = {int(i): int(r) for i, r in state.get("rung_of", [])}  # absent before 2026-11
         self._load_restart_state(state)
         self._features = {}  # features are recomputed from the trees when needed
@@ -285,3 +302,13 @@ class RegularisedEvolution(Strategy):
             self.surrogate.load_state_dict(saved)
             self._predicted = {int(i): float(p) for i, p in saved["predicted"]}
             self._known = set(saved["known"])
+
+
+def _saved(members: list[tuple[int, str, float]]) -> list[list[Any]]:
+    """Population members as a checkpoint holds them: -inf is not JSON, a failure's fitness is null."""
+    return [[i, t, None if f == float("-inf") else f] for i, t, f in members]
+
+
+def _members(saved: list[list[Any]]) -> list[tuple[int, str, float]]:
+    """Population members from a checkpoint (`_saved`)."""
+    return [(int(i), t, float("-inf") if f is None else float(f)) for i, t, f in saved]

@@ -143,7 +143,8 @@ def _restart_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
     restart = (saved_state(checkpoint, "restart") or {}).get("restart")
     if not restart or not restart.get("after"):
         return []
-    text = f"{restart['restarts']} (after {restart['after']:g} x population results without a new best)"
+    text = f"{restart['restarts']} (after {restart['after']:g} x population results without a new best"
+    text += f", keeping the best {restart['keep']})" if restart.get("keep") else ")"
     if restart["restarts"]:
         text += f"; population now {restart['population']}, tournament {restart['tournament']}"
     return [("population restarts", text)]

@@ -138,6 +138,25 @@ def test_the_fit_uses_a_seeded_sample_of_fit_examples() -> None:
     assert torch.equal(head(0), head(0)) and not torch.equal(head(0), head(5))
 
 
+def test_the_fit_uses_the_first_examples_rows_of_the_generators_order() -> None:
+    """`examples` 50 of 120 rows: the head is the fit of exactly the rows the generator's
+    permutation puts first, the same head as a fit given only those rows."""
+    torch.manual_seed(0)
+    x, y = torch.randn(120, 3, 4, 4), torch.arange(120) % 3
+
+    def head(data: tuple[torch.Tensor, torch.Tensor], examples: int) -> torch.Tensor:
+        torch.manual_seed(1)
+        network = compile_network(parse_tree(CONV_ACT), input_state((3, 4, 4)), 3, PAPER)
+        order = torch.Generator().manual_seed(7)
+        fit_head(network, data, Classification(3), _rows, 32, order, examples=examples)
+        return network.head.linear.weight.detach().clone()
+
+    rows = torch.randperm(120, generator=torch.Generator().manual_seed(7))[:50]
+    sampled = head((x, y), 50)
+    torch.testing.assert_close(sampled, head((x[rows], y[rows]), 50), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(sampled, head((x, y), 51))
+
+
 def test_a_class_missing_from_the_sample_gets_a_head_row_too() -> None:
     """Labels 0 and 1 only, of 4 classes: the head keeps its 4 outputs, the absent classes'
     rows fitted to 0, so they are never predicted."""
@@ -277,8 +296,9 @@ def test_head_init_fitted_starts_training_from_the_fitted_head(tmp_path: Path) -
 def test_head_init_fitted_fits_once_on_the_features_training_sees(tmp_path: Path, monkeypatch) -> None:
     """The evaluator's fit for the start of training is in training mode (batch norm on batch
     statistics; eval mode is the identity at initialisation), at the training batch size, once,
-    on standardised features. The look at 0 epochs scores what the training rungs start from: raw
-    features with the random head, standardised ones with the fitted head."""
+    on standardised features, on FIT_EXAMPLES rows whatever `look_examples` says. The look at 0
+    epochs scores what the training rungs start from: raw features with the random head,
+    standardised ones with the fitted head; it fits on `look_examples` rows."""
     import einspace.evaluators.training as training
 
     calls = []
@@ -286,14 +306,14 @@ def test_head_init_fitted_fits_once_on_the_features_training_sees(tmp_path: Path
     def recording(*args, **kwargs):
         bound = inspect.signature(fit_head).bind(*args, **kwargs)
         bound.apply_defaults()
-        calls.append(tuple(bound.arguments[k] for k in ("batch_size", "training", "standardise")))
+        calls.append(tuple(bound.arguments[k] for k in ("batch_size", "training", "standardise", "examples")))
         return fit_head(*args, **kwargs)
 
     monkeypatch.setattr(training, "fit_head", recording)
     settings = {"dataset": order_task(tmp_path / "order.npz"), "epochs": 1, "batch_size": 50}
-    settings |= {"threads": 1, "device": "cpu", "head_init": "fitted"}
+    settings |= {"threads": 1, "device": "cpu", "head_init": "fitted", "look_examples": 16}
     assert run_task(Task(CONV_ACT, "einspace", (2, 1, 24), "training", settings)).ok
-    assert calls == [(50, True, True)]
+    assert calls == [(50, True, True, FIT_EXAMPLES)]
     calls.clear()
     assert run_task(
         Task(CONV_ACT, "einspace", (2, 1, 24), "training", {**settings, "head_init": "random"})
@@ -302,7 +322,14 @@ def test_head_init_fitted_fits_once_on_the_features_training_sees(tmp_path: Path
     for init, standardised in (("random", False), ("fitted", True)):
         look = {**settings, "epochs": 0, "eval_batch_size": 64, "head_init": init}
         assert run_task(Task(CONV_ACT, "einspace", (2, 1, 24), "training", look)).ok
-        assert calls.pop() == (64, False, standardised)
+        assert calls.pop() == (64, False, standardised, 16)
+
+
+@pytest.mark.parametrize("bad", [1, 0, True, 512.0, "512"])
+def test_look_examples_must_be_an_integer_of_at_least_2(bad: object) -> None:
+    """A ridge fit of one example has no spread to standardise by: 2 is the least."""
+    with pytest.raises(EinspaceError, match=f"setting look_examples must be an integer >= 2, got {bad!r}"):
+        TrainingSettings(look_examples=bad)
 
 
 def test_head_init_fitted_on_regression_is_refused_before_the_search(tmp_path: Path) -> None:

@@ -29,8 +29,10 @@ def make(
     seeds: list | None = None,
     random_seed: int = 0,
     growth: int = 1,
+    keep: int = 0,
 ) -> RegularisedEvolution:
-    """RE (tournament 2) restarting after `restart_after` x `population` results without a new best."""
+    """RE (tournament 2) restarting after `restart_after` x `population` results without a new best,
+    keeping its `keep` best."""
     space = SearchSpace(GRAMMAR, INPUT, LIMITS, seeds or [])
     settings = {
         "evaluations": 60,
@@ -38,6 +40,7 @@ def make(
         "tournament": 2,
         "restart_after": restart_after,
         "restart_growth": growth,
+        "restart_keep": keep,
     }
     return get_strategy("regularised_evolution", space, random_seed, settings)
 
@@ -128,13 +131,13 @@ def test_children_in_flight_join_the_restarted_population():
 
 
 @pytest.mark.parametrize("in_flight", [1, 3])
-@pytest.mark.parametrize("growth", [1, 2])
-def test_state_round_trip_across_restarts(in_flight, growth):
-    a = make(restart_after=0.75, growth=growth)
+@pytest.mark.parametrize("growth, keep", [(1, 0), (2, 0), (2, 2)])
+def test_state_round_trip_across_restarts(in_flight, growth, keep):
+    a = make(restart_after=0.75, growth=growth, keep=keep)
     drive(a, in_flight, stop_after=14)
     assert a.restart.count >= 1
     state = json.loads(json.dumps(a.state_dict(), allow_nan=False))
-    b = make(restart_after=0.75, random_seed=999, growth=growth)  # all must come from the state
+    b = make(restart_after=0.75, random_seed=999, growth=growth, keep=keep)  # all from the state
     b.load_state_dict(state)
     assert b.state_dict() == a.state_dict()
     assert drive(b, in_flight) == drive(a, in_flight)
@@ -167,6 +170,76 @@ def test_a_grown_population_ages_out_at_its_new_size():
     assert [m for m, _, _ in s.population] == list(range(8, 16))
 
 
+def ids(members: list) -> list[int]:
+    return [m for m, _, _ in members]
+
+
+#: Member 0 is the best; 1-3 do not beat it (a population of 4 restarts after them, at 0.75 x 4);
+#: the fresh samples after the restart, 4 on, improve one after another.
+STALLS_THEN_IMPROVES = {0: 0.9, 1: 0.0, 2: 0.0, 3: 0.0}.get
+
+
+def test_a_restart_keeps_the_best_which_rejoins_as_the_youngest_once_the_fresh_samples_are_in():
+    s = make(restart_after=0.75, keep=1)
+    one_at_a_time(s, lambda i: STALLS_THEN_IMPROVES(i, i / 100), 4)
+    assert s.restart.count == 1 and s.population == [] and ids(s._kept) == [0]
+    assert s.live_parents() == {0}  # its weights stay for the children it may have
+    assert one_at_a_time(s, lambda i: i / 100, 4) == ["sampled"] * 4
+    child = s.ask()
+    assert child.origin == "mutation" and ids(s.population) == [4, 5, 6, 7, 0] and s._kept == []
+    s.tell(child.id, 0.5)
+    assert ids(s.population) == [6, 7, 0, child.id]  # back to 4 members, the oldest gone
+
+
+def test_without_restart_keep_a_restart_keeps_no_one():
+    s = make(restart_after=0.75)
+    one_at_a_time(s, lambda i: STALLS_THEN_IMPROVES(i, i / 100), 8)
+    assert s.restart.count == 1 and s.live_parents() == set(range(4, 8))
+    s.ask()
+    assert ids(s.population) == [4, 5, 6, 7]
+
+
+def test_a_restart_keeps_the_highest_rung_first_and_hears_its_promotions_while_it_waits():
+    s = make(restart_after=0.75, keep=2)
+    c = [s.ask() for _ in range(4)]
+    for candidate, fitness in zip(c, (0.9, 0.1, 0.0, 0.2), strict=True):
+        s.tell(candidate.id, fitness)
+        if candidate.id == 1:
+            s.hear_promotion(1, 3, 0.3)  # a result at rung 3 outranks any at rung 0
+    assert s.restart.count == 1 and ids(s._kept) == [1, 0]
+    s.hear_promotion(0, 8, 0.95)
+    assert s._kept[1][2] == 0.95 and s.rung_of == {1: 3, 0: 8}
+
+
+def test_a_second_restart_before_the_kept_rejoined_ranks_them_with_the_new_population():
+    s = make(restart_after=0.25, keep=1)  # a result below the best restarts a population of 4
+    one_at_a_time(s, lambda i: 0.9 if i == 0 else 0.0, 4)
+    assert s.restart.count == 1 and ids(s._kept) == [0]
+    one_at_a_time(s, lambda i: 0.5, 4)  # four fresh samples, ties: a restart before any child
+    assert s.restart.count == 2 and ids(s._kept) == [0] and s.live_parents() == {0}
+
+
+def test_a_checkpoint_while_the_kept_wait_resumes_with_them():
+    a = make(restart_after=0.75, keep=2)
+    one_at_a_time(a, lambda i: STALLS_THEN_IMPROVES(i, i / 100), 6)
+    assert ids(a._kept) == [0, 1] and len(a.population) == 2
+    state = json.loads(json.dumps(a.state_dict(), allow_nan=False))
+    b = make(restart_after=0.75, keep=2)
+    b.load_state_dict(state)
+    assert b._kept == a._kept and b.live_parents() == a.live_parents()
+    assert one_at_a_time(b, lambda i: i / 100, 6) == one_at_a_time(a, lambda i: i / 100, 6)
+    assert b.population == a.population
+
+
+def test_the_report_says_how_many_a_restart_keeps():
+    from einspace.search.report import _restart_rows
+
+    state = {"after": 2.0, "restarts": 1, "population": 8, "tournament": 4}
+    for keep, said in ((0, "without a new best);"), (2, "without a new best, keeping the best 2);")):
+        [(_, text)] = _restart_rows({"base": {"restart": {**state, "keep": keep}}})
+        assert f"1 (after 2 x population results {said} population now 8, tournament 4" == text
+
+
 @pytest.mark.parametrize(
     "setting, value",
     [
@@ -176,11 +249,14 @@ def test_a_grown_population_ages_out_at_its_new_size():
         ("restart_after", float("inf")),
         ("restart_growth", 0),
         ("restart_growth", 1.5),
+        ("restart_keep", -1),
+        ("restart_keep", 0.5),
+        ("restart_keep", True),
     ],
 )
 def test_a_bad_restart_setting_is_named(setting, value):
     settings = {"restart_after": 1.0, "growth": 1}
-    settings["growth" if setting == "restart_growth" else "restart_after"] = value
+    settings[{"restart_growth": "growth", "restart_keep": "keep"}.get(setting, "restart_after")] = value
     with pytest.raises(EinspaceError, match=setting):
         make(**settings)
 
@@ -204,7 +280,7 @@ def test_a_search_restarts_resumes_with_its_count_and_reports_it(tmp_path):
     assert restart.count >= 1 and resumed == whole and restart_resumed == restart
     text = report(tmp_path / "whole", plot=False)
     assert f"population restarts: {restart.count} (after 1 x population" in text
-    assert f"population now {5 * 2**restart.count}" in text
+    assert f"population now {5 * 2**restart.count}" in text and "keeping" not in text
     plain = experiment(tmp_path / "plain", strategy={"settings": {"evaluations": 12}})
     with SearchRun.start(plain) as run:
         run.run(plain.make_executor())

@@ -105,10 +105,13 @@ def test_the_workload_counts_operations_flops_and_activations_of_a_tree() -> Non
 
 @pytest.mark.parametrize("tree", [TINY, BRANCHED], ids=["tiny", "branched"])
 def test_prediction_is_within_a_factor_of_a_measured_run(tree: str) -> None:
-    """Generous bounds: the model has three counts and a shared, noisy machine times the run."""
-    result = run_task(_task({"epochs": 2, "max_seconds": 1e6}, tree))
-    assert result.ok, result.error
-    predicted, measured = result.metrics["predicted_seconds"], result.metrics["seconds"]
+    """Generous bounds: the model has three counts and a shared, noisy machine times the run. A
+    load only ever slows a run (one under parallel tests took 8x the prediction), so the faster
+    of two runs is compared."""
+    runs = [run_task(_task({"epochs": 2, "max_seconds": 1e6}, tree)) for _ in range(2)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    predicted = runs[0].metrics["predicted_seconds"]
+    measured = min(r.metrics["seconds"] for r in runs)
     assert measured / 6 < predicted < measured * 6, (predicted, measured)
 
 
