@@ -136,6 +136,11 @@ class RegularisedEvolution(Strategy):
         self.crossover = float(crossover)
         self.restart = _Restarts.of_settings(restart_after, restart_growth)
         self.restart_keep = _positive_int("restart_keep", restart_keep, minimum=0)
+        if not self.restart.after and (self.restart.growth > 1 or self.restart_keep):
+            raise EinspaceError(
+                "strategy settings 'restart_growth' and 'restart_keep' shape restarts, and "
+                "'restart_after' is 0 (never restart): set it too"
+            )
         self._kept: list[tuple[int, str, float]] = []  # members a restart kept, until they rejoin
         self._initial_left = self.population_size  # fresh candidates the (re)started population still needs
         # (id, tree text, fitness), oldest first: the list order *is* the age.

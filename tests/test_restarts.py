@@ -261,6 +261,13 @@ def test_a_bad_restart_setting_is_named(setting, value):
         make(**settings)
 
 
+@pytest.mark.parametrize("setting", [{"growth": 2}, {"keep": 1}])
+def test_shaping_restarts_that_never_happen_is_refused(setting):
+    with pytest.raises(EinspaceError, match="'restart_after' is 0 \\(never restart\\): set it too"):
+        make(restart_after=0, **setting)
+    make(restart_after=1, **setting)
+
+
 def test_a_search_restarts_resumes_with_its_count_and_reports_it(tmp_path):
     """A real search (the cheap test evaluator) that restarts, interrupted and resumed: the resumed
     run goes on as one uninterrupted run does, and the report says how often it restarted."""
