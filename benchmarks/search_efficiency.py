@@ -46,17 +46,17 @@ have spent it. Methods, each from scratch and seeded:
           The RE+all methods refuse trees of under MIN_PARAMS parameters (`min_params`), as
           `--min-params` does for every method.
 - RE+all0+p6wP, RE+all0+p6wR, RE+all0+p6wPR, RE+all0+p6wRG, RE+all0+p6wRG4, RE+all0+p6wRGK
-          (from scratch only): RE+all0+p6w with RE's population and tournament at 48 and 12 (+P: three times
-          the recipe's 16 and 4, so the first population holds three times the fresh samples),
-          with restarts (+R, `restart_after` 2: a population whose results have not beaten its
-          best for twice its size in a row is filled again with fresh samples), both, or
-          restarts that double the population and tournament each time (+RG, `restart_growth`
-          2, as IPOP does; +RG4: the same after four times the population; +RGK: +RG whose
-          restarts keep the population's best, `restart_keep` 1).
+          (from scratch only): RE+all0+p6w with RE's population and tournament at 48 and 12
+          (+P: three times the recipe's 16 and 4, so the first population holds three times the
+          fresh samples), with restarts (+R, `restart_after` 2: a population whose results have
+          not beaten its best for twice its size in a row is filled again with fresh samples),
+          both, or restarts that double the population and tournament each time (+RG,
+          `restart_growth` 2, as IPOP does; +RG4: the same after four times the population;
+          +RGK: +RG whose restarts keep the population's best, `restart_keep` 1).
 - RE+all0+p6wL, RE+all0+p6wRGL, RE+all0+p6wRGKL (from scratch only): RE+all0+p6w, RE+all0+p6wRG
-          and RE+all0+p6wRGK whose looks
-          fit the head to LOOK_EXAMPLES training examples (`look_examples`) instead of 1,024: the
-          forward passes over them are most of a look's cost, and looks most of these searches'.
+          and RE+all0+p6wRGK whose looks fit the head to LOOK_EXAMPLES training examples
+          (`look_examples`) instead of 1,024: the forward passes over them are most of a look's
+          cost, and looks most of these searches'.
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -336,6 +336,9 @@ ALL0_P6 = Method(
     rung_eta=HALVING["eta"],
 )
 
+#: RE+all0+p6 promoting within a window, without tiny trees: the base of the +p6w variants.
+ALL0_P6W = replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS)
+
 METHODS = {
     "RS": Method("random_search"),
     "RE": Method("regularised_evolution"),
@@ -358,37 +361,20 @@ METHODS = {
         "regularised_evolution", halving=True, first_rung=0, eta=ETA_SELECTIVE, rung_eta=HALVING["eta"]
     ),
     "RE+all0+p6": ALL0_P6,
-    "RE+all0+p6w": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS),
-    "RE+all0+p3w": replace(ALL0_P6, eta=HALVING["eta"], rung_eta=None, window=WINDOW, min_params=MIN_PARAMS),
+    "RE+all0+p6w": ALL0_P6W,
+    "RE+all0+p3w": replace(ALL0_P6W, eta=HALVING["eta"], rung_eta=None),
     "RE+all+p6": replace(ALL0_P6, first_rung=1, min_params=MIN_PARAMS),
-    "RE+all0+p6wP": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=WIDE),
-    "RE+all0+p6wR": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting()),
-    "RE+all0+p6wPR": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(WIDE)),
-    "RE+all0+p6wRG": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(growth=2)),
-    "RE+all0+p6wRG4": replace(
-        ALL0_P6,
-        window=WINDOW,
-        min_params=MIN_PARAMS,
-        evolution=_restarting(growth=2, after=2 * RESTART_AFTER),
-    ),
-    "RE+all0+p6wRGK": replace(
-        ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, evolution=_restarting(growth=2, keep=1)
-    ),
+    "RE+all0+p6wP": replace(ALL0_P6W, evolution=WIDE),
+    "RE+all0+p6wR": replace(ALL0_P6W, evolution=_restarting()),
+    "RE+all0+p6wPR": replace(ALL0_P6W, evolution=_restarting(WIDE)),
+    "RE+all0+p6wRG": replace(ALL0_P6W, evolution=_restarting(growth=2)),
+    "RE+all0+p6wRG4": replace(ALL0_P6W, evolution=_restarting(growth=2, after=2 * RESTART_AFTER)),
+    "RE+all0+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1)),
     "RE+all0+p6wRGKL": replace(
-        ALL0_P6,
-        window=WINDOW,
-        min_params=MIN_PARAMS,
-        evolution=_restarting(growth=2, keep=1),
-        look_examples=LOOK_EXAMPLES,
+        ALL0_P6W, evolution=_restarting(growth=2, keep=1), look_examples=LOOK_EXAMPLES
     ),
-    "RE+all0+p6wL": replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS, look_examples=LOOK_EXAMPLES),
-    "RE+all0+p6wRGL": replace(
-        ALL0_P6,
-        window=WINDOW,
-        min_params=MIN_PARAMS,
-        evolution=_restarting(growth=2),
-        look_examples=LOOK_EXAMPLES,
-    ),
+    "RE+all0+p6wL": replace(ALL0_P6W, look_examples=LOOK_EXAMPLES),
+    "RE+all0+p6wRGL": replace(ALL0_P6W, evolution=_restarting(growth=2), look_examples=LOOK_EXAMPLES),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
     "RE+S+T2": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE", "RE-seeded")),
     "RE+SH+S+T": Method("regularised_evolution", halving=True, screen=SCREEN_TRANSFER, transfer=("RE",)),

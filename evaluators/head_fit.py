@@ -1,20 +1,19 @@
 """Fidelity 0 of the training evaluator: the untrained network, its head fitted in closed form.
 
 Multi-fidelity search can look at an architecture before training it at all: a rung at 0 epochs,
-below the first training rung (`multi_fidelity: {min_fidelity: 0}`). The backbone keeps its
-random initialisation; the classification head's linear layer is fitted to a sample of the
-training examples (the setting `look_examples`) by ridge regression on one-hot targets (in
-float64); the result is the validation accuracy of that network, on the same scale as a trained
-one's. The fit is on the features as they
-are, so that the look scores what training from a random head can use: a feature whose spread is
-far below the penalty's scale (a softmax over 512 channels varies by about 1/512) is as good as
-absent, as it is to SGD. Standardised features (`standardise`, each scaled to unit spread) are
-what `head_init: fitted` starts training from, and what the look scores with it: such a head
-uses tiny features at full weight. It tells apart networks whose random features already
-separate the classes from those whose features cannot (a network that averages every position
-before anything mixes them is blind to order), for the price of forward passes over a sample of
-the training data: no backward pass, no optimiser. Whether a network that passes this look also
-trains well is the next rung's question.
+below the first training rung (`multi_fidelity: {min_fidelity: 0}`). The backbone keeps its random
+initialisation; the classification head's linear layer is fitted to a sample of the training
+examples (the setting `look_examples`) by ridge regression on one-hot targets (in float64); the
+result is the validation accuracy of that network, on the same scale as a trained one's. The fit
+is on the features as they are, so that the look scores what training from a random head can use:
+a feature whose spread is far below the penalty's scale (a softmax over 512 channels varies by
+about 1/512) is as good as absent, as it is to SGD. Standardised features (`standardise`, each
+scaled to unit spread) are what `head_init: fitted` starts training from, and what the look scores
+with it: such a head uses tiny features at full weight. It tells apart networks whose random
+features already separate the classes from those whose features cannot (a network that averages
+every position before anything mixes them is blind to order), for the price of forward passes over
+a sample of the training data: no backward pass, no optimiser. Whether a network that passes this
+look also trains well is the next rung's question.
 """
 
 from __future__ import annotations

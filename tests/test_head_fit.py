@@ -330,6 +330,7 @@ def test_look_examples_must_be_an_integer_of_at_least_2(bad: object) -> None:
     """A ridge fit of one example has no spread to standardise by: 2 is the least."""
     with pytest.raises(EinspaceError, match=f"setting look_examples must be an integer >= 2, got {bad!r}"):
         TrainingSettings(look_examples=bad)
+    assert TrainingSettings(look_examples=2).look_examples == 2
 
 
 def test_head_init_fitted_on_regression_is_refused_before_the_search(tmp_path: Path) -> None:
