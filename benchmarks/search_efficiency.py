@@ -57,6 +57,10 @@ have spent it. Methods, each from scratch and seeded:
           and RE+all0+p6wRGK whose looks fit the head to LOOK_EXAMPLES training examples
           (`look_examples`) instead of 1,024: the forward passes over them are most of a look's
           cost, and looks most of these searches'.
+- RE+all03+p6wRGK (from scratch only): RE+all0+p6wRGK over rungs of 0, 3 and 8 epochs: from the
+          look straight to three epochs. With promotions that continue, a 1-epoch result is a
+          snapshot early in the 8-epoch schedule; it scored below the look itself and ranked trees
+          worse than the look did on the kept RE+all0+p6wRGK runs (`einspace report` prints both).
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -202,6 +206,7 @@ WINDOW = 36  # +p6w: ... of its last 36 results
 MIN_PARAMS = 1000  # RE+all0+p6w: no tree of fewer parameters is sampled or made by mutation
 WIDE = (("population", 48), ("tournament", 12))  # +P: RE's population and tournament, 3x the recipe's
 RESTART_AFTER = 2  # +R: restart a population that has not improved for this many times its size
+RUNGS_NO_EPOCH_1 = (0, 3, EPOCHS)  # all03: from the look straight to 3 epochs (no 1-epoch rung)
 LOOK_EXAMPLES = 512  # +L: the look at 0 epochs fits the head to this many examples (the default 1,024)
 
 
@@ -306,10 +311,18 @@ class Method:
     strategy_fitness: str = "lowest_rung"  # highest_rung: RE hears promotions' results too
     eta: int = HALVING["eta"]  # successive halving promotes the best 1/eta of each rung
     rung_eta: int | None = None  # the rungs of this eta (1, 3, 8), promotions by `eta` (None: the same)
+    rungs: tuple[int, ...] | None = None  # explicit rungs, instead of those of first_rung and rung_eta
     window: int | None = None  # promotions rank a result among its rung's last `window` (None: all)
     min_params: int = 0  # the limit min_params of its searches (--min-params sets it for all)
     evolution: tuple[tuple[str, float], ...] = ()  # RE's settings over the recipe's (--population wins)
     look_examples: int | None = None  # the evaluator's look_examples (None: its default)
+
+    @property
+    def explicit_rungs(self) -> tuple[int, ...] | None:
+        """Its rungs where given (`rungs`, or those of `rung_eta`); None: the scheduler's own."""
+        if self.rungs or not self.rung_eta:
+            return self.rungs
+        return tuple(default_rungs(self.first_rung, EPOCHS, self.rung_eta))
 
     @property
     def everything(self) -> bool:
@@ -370,6 +383,7 @@ METHODS = {
     "RE+all0+p6wRG": replace(ALL0_P6W, evolution=_restarting(growth=2)),
     "RE+all0+p6wRG4": replace(ALL0_P6W, evolution=_restarting(growth=2, after=2 * RESTART_AFTER)),
     "RE+all0+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1)),
+    "RE+all03+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1), rungs=RUNGS_NO_EPOCH_1),
     "RE+all0+p6wRGKL": replace(
         ALL0_P6W, evolution=_restarting(growth=2, keep=1), look_examples=LOOK_EXAMPLES
     ),
@@ -469,11 +483,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
                     **HALVING,
                     "min_fidelity": method.first_rung,
                     "eta": method.eta,
-                    **(
-                        {"rungs": default_rungs(method.first_rung, EPOCHS, method.rung_eta)}
-                        if method.rung_eta
-                        else {}
-                    ),
+                    **({"rungs": list(rungs)} if (rungs := method.explicit_rungs) else {}),
                     "strategy_fitness": method.strategy_fitness,
                     "window": method.window,
                 }
@@ -1079,6 +1089,7 @@ def recipe(
         "RE+all+p6, RE+all0+p6w*, RE+all0+p3w": {"min_params": MIN_PARAMS},
         **{m: dict(method.evolution) for m, method in METHODS.items() if method.evolution},
         "+L": {"look_examples": LOOK_EXAMPLES},
+        "all03": {"rungs": list(RUNGS_NO_EPOCH_1)},
         "retraining on train+valid": retraining(settings),
         "executor": executor,
     }

@@ -142,6 +142,9 @@ class ComputeSummary:
     #: fidelity -> how many promotions started from a result at it (successive halving's
     #: realised promotion rate, which an improving strategy pushes above 1/eta)
     promoted_from: dict[int | None, int] = field(default_factory=dict)
+    #: (lower fidelity, fidelity) -> (result at the lower, result at the fidelity) of each tree
+    #: promoted between them that scored at both: how well a rung foretells the next
+    promotion_pairs: dict[tuple[int, int], list[tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def wasted_share(self) -> float:
@@ -163,9 +166,15 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
         for i, (o, s) in enumerate(zip(h.origin, h.status, strict=True))
         if o == PROMOTION and s != Status.CACHED
     ]
-    fidelity_of = dict(zip(h.id, h.fidelity, strict=True))
-    # the fidelity each promotion started from: the rung of its parent evaluation
-    source = {i: fidelity_of.get(next(iter(h.parents_of(i)), None)) for i in promoted}
+    row_of = {job: i for i, job in enumerate(h.id)}
+    # the row each promotion started from: its parent evaluation's
+    parent = {i: row_of.get(next(iter(h.parents_of(i)), None)) for i in promoted}
+    source = {i: None if p is None else h.fidelity[p] for i, p in parent.items()}
+    pairs: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for i, p in parent.items():
+        rungs = None if p is None else (h.fidelity[p], h.fidelity[i])
+        if rungs and None not in rungs and all(scored(h.status[j], h.fitness[j]) for j in (p, i)):
+            pairs.setdefault(rungs, []).append((h.fitness[p], h.fitness[i]))
     resumable = [i for i in promoted if source[i] != 0]
     continued = sum(h.metrics_of(i).get("continued_from_epoch", 0) > 0 for i in resumable)
     promoted_from = Counter(source.values())
@@ -180,6 +189,7 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
         len(resumable),
         continued,
         dict(promoted_from),
+        pairs,
     )
 
 

@@ -119,7 +119,28 @@ def compute_rows(
         fidelities.append((f"fidelity {label}", spent))
     if s.resumable:
         fidelities.append(("promotions continued from a saved state", f"{s.continued} of {s.resumable}"))
-    return rows, fidelities + details
+    return rows, fidelities + _agreement_rows(s.promotion_pairs) + details
+
+
+def _agreement_rows(pairs: dict[tuple[int, int], list[tuple[float, float]]]) -> list[tuple[str, str]]:
+    """How well each rung foretold the next: the rank correlation between promoted trees' results
+    at both, and their means (a rung that ranks trees unlike the one above it only costs)."""
+    from einspace.search.surrogate import rank_correlation
+
+    rows = []
+    for (lower, upper), results in sorted(pairs.items()):
+        rho = rank_correlation(results)
+        if math.isnan(rho):
+            continue
+        before, after = (sum(r) / len(results) for r in zip(*results, strict=True))
+        rows.append(
+            (
+                f"fidelity {lower} -> {upper}",
+                f"Spearman {rho:.2f} between {len(results)} promoted trees' results at both; "
+                f"mean {before:.3f} at {lower}, {after:.3f} at {upper}",
+            )
+        )
+    return rows
 
 
 def _inheritance_rows(h: Columns) -> list[tuple[str, str]]:

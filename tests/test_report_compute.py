@@ -108,6 +108,37 @@ def test_multi_fidelity_report_ranks_the_top_fidelity_first_and_spends_per_rung(
     assert "#1  fitness 0.65  id 4  promotion of 3  fidelity 9\n" in text
 
 
+def test_report_says_how_well_each_rung_foretold_the_next(tmp_path):
+    """Spearman between promoted trees' results at both rungs, over trees scored at both: a failed
+    promotion and a cached one are left out, and a pair of rungs with fewer than 3 such trees
+    prints nothing (no correlation to speak of)."""
+    low = [_record(i, fitness=f, fidelity=1) for i, f in enumerate([0.2, 0.4, 0.6, 0.8, 0.1])]
+    up = [
+        _record(5 + i, fitness=f, fidelity=3, origin="promotion", parents=(i,), tree=i)
+        for i, f in enumerate([0.5, 0.3, 0.7, 0.9])
+    ]
+    failed = _record(9, "failed", fidelity=3, origin="promotion", parents=(4,), tree=4, error="diverged")
+    cached = _record(
+        10, "cached", fitness=0.3, fidelity=3, origin="promotion", parents=(1,), tree=1, cached_from=6
+    )
+    top = [
+        _record(11 + i, fitness=0.9, fidelity=8, origin="promotion", parents=(5 + i,), tree=i) for i in (2, 3)
+    ]
+    history = [*low, *up, failed, cached, *top]
+    pairs = summarise(history).promotion_pairs
+    assert pairs == {
+        (1, 3): [(0.2, 0.5), (0.4, 0.3), (0.6, 0.7), (0.8, 0.9)],
+        (3, 8): [(0.7, 0.9), (0.9, 0.9)],
+    }
+    lines = report(_store(tmp_path, history), plot=False).splitlines()
+    # ranks 1 2 3 4 against 2 1 3 4: 1 - 6 * 2 / (4 * 15) = 0.8
+    rung_lines = [line for line in lines if "->" in line]
+    assert rung_lines == [
+        "  fidelity 1 -> 3: Spearman 0.80 between 4 promoted trees' results at both; "
+        "mean 0.500 at 1, 0.600 at 3"
+    ]
+
+
 def test_a_record_without_a_measured_cost_counts_its_wall_seconds(tmp_path):
     """Stores written before compute accounting have no cost: their seconds are the measure."""
     run = _store(tmp_path, [_record(0, cost={}, seconds=7.5)])
