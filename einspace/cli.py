@@ -59,6 +59,7 @@ def _add_limits(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-flops", type=int, default=defaults.min_flops, help="fewest FLOPs per sample (analytic counts)"
     )
+    parser.add_argument("--max-flops", type=int, default=None, help="most FLOPs per sample (analytic counts)")
     parser.add_argument(
         "--max-steps",
         type=int,
@@ -75,6 +76,7 @@ def _limits(args: argparse.Namespace) -> Limits:
         max_params=args.max_params,
         min_params=args.min_params,
         min_flops=args.min_flops,
+        max_flops=args.max_flops,
         max_steps=args.max_steps,
     )
 

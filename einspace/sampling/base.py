@@ -22,10 +22,12 @@ __all__ = ["Limits", "SamplerBase", "cyclic_gc_paused"]
 @dataclass(frozen=True)
 class Limits:
     """Bounds on sampled trees. Depth counts non-terminal levels; nodes count terminals and
-    non-terminals; the parameter budget and the minimums `min_params` and `min_flops` use the
-    operations' analytic counts (those of `einspace.checker.check_tree`; FLOPs per sample).
-    The minimums keep degenerate candidates out: every mode, mutation and crossover reject a
-    complete tree below them (`cost_violation`), which in the exact mode conditions exactly.
+    non-terminals; the parameter budget, the FLOP budget `max_flops` and the minimums
+    `min_params` and `min_flops` use the operations' analytic counts (those of
+    `einspace.checker.check_tree`; FLOPs per sample). The minimums keep degenerate candidates out
+    and `max_flops` the ones an evaluator's FLOP budget would refuse: every mode, mutation and
+    crossover reject a complete tree outside them (`cost_violation`), which in the exact mode
+    conditions exactly.
 
     `max_steps` bounds the paper mode's backtracking per attempt and `max_attempts` its restarts;
     the exact mode gives up after `max_attempts` x 100 rejected drafts (`einspace.sampling.exact`).
@@ -39,6 +41,7 @@ class Limits:
     max_attempts: int = 100
     min_params: int = 0
     min_flops: int = 0
+    max_flops: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_nodes", "max_steps", "max_attempts"):
@@ -46,17 +49,20 @@ class Limits:
                 raise EinspaceError(f"limit {name} must be at least 1, got {getattr(self, name)}")
         if self.min_depth > self.max_depth:
             raise EinspaceError(f"min_depth {self.min_depth} exceeds max_depth {self.max_depth}")
-        for name in ("max_params", "min_params", "min_flops"):
+        for name in ("max_params", "min_params", "min_flops", "max_flops"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise EinspaceError(f"{name} must be non-negative, got {value}")
         if self.max_params is not None and self.min_params > self.max_params:
             raise EinspaceError(f"min_params {self.min_params} exceeds max_params {self.max_params}")
+        if self.max_flops is not None and self.min_flops > self.max_flops:
+            raise EinspaceError(f"min_flops {self.min_flops} exceeds max_flops {self.max_flops}")
 
     @property
-    def has_minimums(self) -> bool:
-        """Whether a minimum on the costs (`min_params`, `min_flops`) is set."""
-        return self.min_params > 0 or self.min_flops > 0
+    def checks_whole_trees(self) -> bool:
+        """Whether a cost limit that only a complete tree's counts decide is set: a minimum
+        (`min_params`, `min_flops`) or `max_flops` (the modes keep `max_params` while drawing)."""
+        return self.min_params > 0 or self.min_flops > 0 or self.max_flops is not None
 
     def cost_violation(self, params: int, flops: int) -> tuple[str, str] | None:
         """The first cost limit a tree with these parameter and FLOP counts breaks, as (the
@@ -67,11 +73,13 @@ class Limits:
             return "min_params", f"{params} parameters < min_params {self.min_params}"
         if flops < self.min_flops:
             return "min_flops", f"{flops} FLOPs < min_flops {self.min_flops}"
+        if self.max_flops is not None and flops > self.max_flops:
+            return "max_flops", f"{flops} FLOPs > max_flops {self.max_flops}"
         return None
 
     def describe(self) -> str:
         """The limits on a tree's size and costs, for the messages of a sampler that gives up."""
-        names = ("max_depth", "max_nodes", "min_depth", "max_params", "min_params", "min_flops")
+        names = ("max_depth", "max_nodes", "min_depth", "max_params", "min_params", "min_flops", "max_flops")
         return ", ".join(f"{name}={getattr(self, name)}" for name in names)
 
 
@@ -100,11 +108,11 @@ class SamplerBase:
         raise NotImplementedError
 
     def _cost_violation(self, tree: Node) -> str | None:
-        """For a complete tree: the cost limit it breaks (the setting's name: a minimum, as the
-        modes keep `max_params` while drawing), or None. Its costs come from the checker, so it
-        looks only when a minimum is set; a mode rejects the whole tree, never part of it,
-        which keeps the exact mode exact."""
-        if not self.limits.has_minimums:
+        """For a complete tree: the cost limit it breaks (the setting's name: a minimum or
+        `max_flops`, as the modes keep `max_params` while drawing), or None. Its costs come from
+        the checker, so it looks only when such a limit is set; a mode rejects the whole tree,
+        never part of it, which keeps the exact mode exact."""
+        if not self.limits.checks_whole_trees:
             return None
         checked = check_tree(tree, None, self.input)
         violation = self.limits.cost_violation(checked.params, checked.flops)

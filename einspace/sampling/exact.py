@@ -9,8 +9,8 @@ argument grid). How each limit and constraint is met:
   between its items and each argument are drawn with the probability that the derivations through
   them complete, so a draft never reaches a dead end of these kinds;
 - shapes (an `add` of unequal branches, a kernel larger than its input, a `col2im` whose sequence
-  changed, ...), `max_nodes`, `max_params`, `min_depth`, `min_params` and `min_flops`: by
-  rejection (the minimums of complete drafts only). A draft's shapes and
+  changed, ...), `max_nodes`, `max_params`, `min_depth`, `min_params`, `min_flops` and
+  `max_flops`: by rejection (the minimums and `max_flops` of complete drafts only). A draft's shapes and
   costs are computed as it is drawn; the first failure discards the whole draft (nothing is
   repaired locally, which is what would distort the distribution) and a new draft starts.
 
