@@ -126,11 +126,13 @@ BAD_LIMITS = [
     ({"min_params": -1}, "min_params must be non-negative, got -1"),
     ({"min_flops": -5}, "min_flops must be non-negative, got -5"),
     ({"min_params": 500, "max_params": 100}, "min_params 500 exceeds max_params 100"),
+    ({"max_flops": -1}, "max_flops must be non-negative, got -1"),
+    ({"min_flops": 500, "max_flops": 100}, "min_flops 500 exceeds max_flops 100"),
 ]
 
 
 @pytest.mark.parametrize("values, message", BAD_LIMITS, ids=[m for _, m in BAD_LIMITS])
-def test_bad_minimums_are_refused_naming_the_setting(values, message, tmp_path, capsys):
+def test_bad_cost_limits_are_refused_naming_the_setting(values, message, tmp_path, capsys):
     with pytest.raises(EinspaceError, match=message):
         Limits(**values)
     with pytest.raises(ConfigError, match=f"^exp.yaml: .*{message}"):
