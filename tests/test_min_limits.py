@@ -101,9 +101,9 @@ def test_mutation_keeps_the_minimums_at_the_boundary(setting):
     assert variation.mutate(SMALL_TREE) == LARGE_TREE
 
 
-def test_mutation_and_crossover_of_the_bundled_grammar_keep_the_minimums():
+def test_mutation_and_crossover_of_the_bundled_grammar_keep_the_cost_limits():
     grammar, x = load_grammar("einspace"), input_state((3, 16, 16))
-    limits = Limits(max_depth=14, max_nodes=120, min_params=2_000, min_flops=200_000)
+    limits = Limits(max_depth=14, max_nodes=120, min_params=2_000, min_flops=200_000, max_flops=3_000_000)
     rng = random.Random(5)
     sampler = make_sampler(grammar, x, limits, "paper", rng=rng)
     variation = Variation(grammar, x, limits, rng=rng)
@@ -115,7 +115,7 @@ def test_mutation_and_crossover_of_the_bundled_grammar_keep_the_minimums():
             except VariationError:
                 continue
             checked = check_tree(child, grammar, x)
-            assert checked.params >= limits.min_params and checked.flops >= limits.min_flops
+            assert checked.params >= limits.min_params and limits.min_flops <= checked.flops <= 3_000_000
             tree, children = child, children + 1
     assert children >= 20
 
@@ -156,23 +156,24 @@ def test_minimums_of_the_wrong_type_name_the_key():
 # ----------------------------------------------------------------------------- experiment and CLI
 
 
-def test_experiment_limits_carry_the_minimums_to_the_search_space(tmp_path):
-    raw = merge(BASE, {"run_dir": str(tmp_path), "limits": {"min_params": 1_000, "min_flops": 50_000}})
-    e = parse_experiment(raw, "exp.yaml")
-    assert (e.limits.min_params, e.limits.min_flops) == (1_000, 50_000)
+def test_experiment_limits_carry_the_cost_limits_to_the_search_space(tmp_path):
+    limits = {"min_params": 1_000, "min_flops": 50_000, "max_flops": 1_000_000}
+    e = parse_experiment(merge(BASE, {"run_dir": str(tmp_path), "limits": limits}), "exp.yaml")
+    assert (e.limits.min_params, e.limits.min_flops, e.limits.max_flops) == (1_000, 50_000, 1_000_000)
     assert e.to_dict()["limits"]["min_params"] == 1_000
     space = e.space()
     assert space.limits.min_params == 1_000
     sampler = space.sampler(random.Random(0))
     for _ in range(5):
         checked = check_tree(sampler.sample(), space.grammar, e.input.state())
-        assert checked.params >= 1_000 and checked.flops >= 50_000
+        assert checked.params >= 1_000 and 50_000 <= checked.flops <= 1_000_000
 
 
 @pytest.mark.parametrize("sampling", ["paper", "exact"])
-def test_cli_sample_keeps_min_params_and_min_flops(sampling, capsys, tmp_path):
+def test_cli_sample_keeps_the_cost_limits(sampling, capsys, tmp_path):
     argv = ["sample", "einspace", "--input", "3,8,8", "-n", "6", "--random-seed", "1", "--sampling", sampling]
     argv += ["--max-depth", "12", "--max-nodes", "100", "--min-params", "500", "--min-flops", "20000"]
+    argv += ["--max-flops", "400000"]
     argv += ["--out", str(tmp_path)]
     assert main(argv) == 0
     capsys.readouterr()
@@ -180,7 +181,7 @@ def test_cli_sample_keeps_min_params_and_min_flops(sampling, capsys, tmp_path):
     assert len(files) == 6
     for path in files:
         checked = check_tree(parse_tree(path.read_text()), load_grammar("einspace"), X)
-        assert checked.params >= 500 and checked.flops >= 20_000
+        assert checked.params >= 500 and 20_000 <= checked.flops <= 400_000
 
 
 @pytest.mark.parametrize("sampling", ["paper", "exact"])
