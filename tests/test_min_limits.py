@@ -60,10 +60,19 @@ def test_a_tree_of_exactly_the_minimum_is_accepted_by_every_mode(setting):
         assert drawn == {to_text(SMALL_TREE), to_text(LARGE_TREE)}, mode
 
 
-@pytest.mark.parametrize("setting", ["min_params", "min_flops"])
-def test_one_below_the_minimum_is_refused_by_every_mode(setting):
-    """One more than the large tree's count: no tree meets it; each mode gives up naming the limit."""
-    limits = Limits(max_attempts=2, **{setting: _minimum(setting, LARGE_TREE) + 1})
+#: Per cost limit, a value no tree of TWO meets: one past the large tree's count for a minimum, one
+#: below the small tree's FLOPs for the budget `max_flops` (its boundary: tests/test_max_flops.py).
+UNMET = {
+    "min_params": lambda: _minimum("min_params", LARGE_TREE) + 1,
+    "min_flops": lambda: _minimum("min_flops", LARGE_TREE) + 1,
+    "max_flops": lambda: _minimum("min_flops", SMALL_TREE) - 1,
+}
+
+
+@pytest.mark.parametrize("setting", list(UNMET))
+def test_a_limit_no_tree_meets_is_refused_by_every_mode(setting):
+    """No tree meets it: each mode gives up naming the limit."""
+    limits = Limits(max_attempts=2, **{setting: UNMET[setting]()})
     for _, sampler in _samplers(limits):
         with pytest.raises(SamplingError, match=f"{setting}={getattr(limits, setting)}"):
             sampler.sample()
