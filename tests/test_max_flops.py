@@ -1,9 +1,9 @@
-"""The FLOP budget `max_flops` (analytic FLOPs per sample): every sampling mode and mutation keep
-it, a tree of exactly the budget is accepted and one above refused, bad values are refused naming
-the setting, and an experiment or `einspace sample` carries it. With the training evaluator's own
-`max_flops`, an over-budget tree fails at once; this limit keeps it from being proposed at all.
-(A budget no tree meets, bad values, the bundled grammar's mutation and crossover, an experiment
-and `einspace sample` under every cost limit at once: tests/test_min_limits.py.)"""
+"""The FLOP budget `max_flops` (analytic FLOPs per sample): a tree of exactly the budget is
+accepted and one above refused, by every sampling mode and by mutation, and a value of the wrong
+type names the key. With the training evaluator's own `max_flops` an over-budget tree fails at
+once; this limit keeps it from being proposed at all. (A budget no tree meets, bad values, the
+bundled grammar's mutation and crossover, an experiment and `einspace sample` under every cost
+limit at once: tests/test_min_limits.py.)"""
 
 from __future__ import annotations
 
