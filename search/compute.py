@@ -172,8 +172,7 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
     source = {i: None if p is None else h.fidelity[p] for i, p in parent.items()}
     pairs: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for i, p in parent.items():
-        both = (p, i) if p is not None else ()
-        if both and all(scored(h.status[j], h.fitness[j]) and h.fidelity[j] is not None for j in both):
+        if p is not None and all(scored(h.status[j], h.fitness[j]) for j in (p, i)):
             pairs.setdefault((h.fidelity[p], h.fidelity[i]), []).append((h.fitness[p], h.fitness[i]))
     resumable = [i for i in promoted if source[i] != 0]
     continued = sum(h.metrics_of(i).get("continued_from_epoch", 0) > 0 for i in resumable)
