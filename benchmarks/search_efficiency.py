@@ -138,10 +138,10 @@ Output goes to `--out` (default runs/search_efficiency).
 `--optimizer`, `--lr`, `--max-grad-norm` (0: none), `--head-pooling` and `--head-init` replace the
 recipe's settings for the searches and their retraining; the baselines train with the optimiser
 given, keep their own heads and are not clipped (clipping guards a fitted head, and slows plain
-CNNs). `--population` and `--tournament` replace RE's, `--min-params` and `--min-flops` set the
-limits that keep degenerate candidates out. `--keep-runs` keeps every search's run directory
-under OUT/runs/TASK_METHOD_SEED/run (for `einspace report`, or to replay its history with
-`benchmarks/surrogate_ranking.py`); otherwise they are thrown away.
+CNNs). `--population` and `--tournament` replace RE's, `--min-params`, `--min-flops` and
+`--max-flops` set the limits that keep degenerate (or over-budget) candidates out. `--keep-runs`
+keeps every search's run directory under OUT/runs/TASK_METHOD_SEED/run (for `einspace report`,
+or to replay its history with `benchmarks/surrogate_ranking.py`); otherwise they are thrown away.
 """
 
 from __future__ import annotations
@@ -414,7 +414,7 @@ class Job:
     overrides: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr, --head-*: over the recipe's
     source_budget: float = 0.0  # transfer: the compute of the earlier search on TRANSFER_SOURCE
     evolution: tuple[tuple[str, int], ...] = ()  # --population, --tournament: over the recipe's RE
-    limits: tuple[tuple[str, int], ...] = ()  # --min-params, --min-flops: over the recipe's limits
+    limits: tuple[tuple[str, int], ...] = ()  # --min-params, --min-flops, --max-flops: over the recipe's
     keep_dir: str = ""  # --keep-runs: the run directories are kept under it, not thrown away
 
 
@@ -1149,6 +1149,7 @@ def main() -> None:
     parser.add_argument(
         "--min-flops", type=int, help="the limit min_flops for the searches (default 0: none)"
     )
+    parser.add_argument("--max-flops", type=int, help="the limit max_flops for the searches (default none)")
     parser.add_argument(
         "--keep-runs",
         action="store_true",
@@ -1173,7 +1174,9 @@ def main() -> None:
     evolution = tuple(
         (k, v) for k, v in (("population", args.population), ("tournament", args.tournament)) if v
     )
-    limits = tuple((k, v) for k, v in (("min_params", args.min_params), ("min_flops", args.min_flops)) if v)
+    limits = tuple(
+        (name, value) for name in ("min_params", "min_flops", "max_flops") if (value := getattr(args, name))
+    )
     tasks = [TASKS[name] for name in args.tasks]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
 
