@@ -53,6 +53,11 @@ have spent it. Methods, each from scratch and seeded:
           both, or restarts that double the population and tournament each time (+RG,
           `restart_growth` 2, as IPOP does; +RG4: the same after four times the population;
           +RGK: +RG whose restarts keep the population's best, `restart_keep` 1).
+- RE+all0+p6wRGKF (from scratch only): RE+all0+p6wRGK where IMMIGRANTS of RE's candidates after
+          the first population are fresh samples (`immigrants`): the first population decides
+          which family evolution refines, and one whose looks overrate how it trains (digits seed
+          10: every member a learned positional encoding, looks of 0.73-0.88, 0.76 trained) is
+          never left while its looks keep improving, as no restart comes.
 - RE+all0+p6wL, RE+all0+p6wRGL, RE+all0+p6wRGKL (from scratch only): RE+all0+p6w, RE+all0+p6wRG
           and RE+all0+p6wRGK whose looks fit the head to LOOK_EXAMPLES training examples
           (`look_examples`) instead of 1,024: the forward passes over them are most of a look's
@@ -207,6 +212,7 @@ MIN_PARAMS = 1000  # RE+all0+p6w: no tree of fewer parameters is sampled or made
 WIDE = (("population", 48), ("tournament", 12))  # +P: RE's population and tournament, 3x the recipe's
 RESTART_AFTER = 2  # +R: restart a population that has not improved for this many times its size
 RUNGS_NO_EPOCH_1 = (0, 3, EPOCHS)  # all03: from the look straight to 3 epochs (no 1-epoch rung)
+IMMIGRANTS = 0.25  # +F: this share of RE's candidates after the first population are fresh samples
 LOOK_EXAMPLES = 512  # +L: the look at 0 epochs fits the head to this many examples (the default 1,024)
 
 
@@ -383,6 +389,9 @@ METHODS = {
     "RE+all0+p6wRG": replace(ALL0_P6W, evolution=_restarting(growth=2)),
     "RE+all0+p6wRG4": replace(ALL0_P6W, evolution=_restarting(growth=2, after=2 * RESTART_AFTER)),
     "RE+all0+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1)),
+    "RE+all0+p6wRGKF": replace(
+        ALL0_P6W, evolution=_restarting((("immigrants", IMMIGRANTS),), growth=2, keep=1)
+    ),
     "RE+all03+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1), rungs=RUNGS_NO_EPOCH_1),
     "RE+all0+p6wRGKL": replace(
         ALL0_P6W, evolution=_restarting(growth=2, keep=1), look_examples=LOOK_EXAMPLES

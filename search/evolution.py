@@ -80,6 +80,11 @@ class RegularisedEvolution(Strategy):
     `mutations` weighs the mutation operators (`einspace.sampling.variation`: subtree, insert,
     remove); by default the paper's subtree mutation alone.
 
+    With `immigrants` p > 0, each candidate after the initial population is a fresh sample with
+    probability p instead of a child ("random immigrants", Grefenstette 1992): a population that
+    settled on one family early keeps meeting others, which win their tournaments where they do
+    better. An immigrant is screened as an initial sample is.
+
     With `screen` k > 1, each child is the best of k such proposals as ranked by a `Surrogate`
     fitted to every result told so far (`surrogate`: gradient_boosting or random_forest), once
     `surrogate_min_results` are in; before that, plain RE. Screening prefers trees not proposed
@@ -118,6 +123,7 @@ class RegularisedEvolution(Strategy):
         restart_after: float = 0,
         restart_growth: int = 1,
         restart_keep: int = 0,
+        immigrants: float = 0.0,
     ):
         self.mutations = mutation_weights(mutations)  # read by Strategy.__init__'s variation
         super().__init__(space, random_seed, evaluations)
@@ -129,11 +135,8 @@ class RegularisedEvolution(Strategy):
         self._known: set[str] = set()  # hashes of the trees asked for so far (screening prefers others)
         self.population_size = _positive_int("population", population)
         self.tournament_size = _positive_int("tournament", tournament)
-        if isinstance(crossover, bool) or not isinstance(crossover, int | float) or not 0 <= crossover <= 1:
-            raise EinspaceError(
-                f"strategy setting 'crossover' must be a probability in [0, 1], got {crossover!r}"
-            )
-        self.crossover = float(crossover)
+        self.crossover = _probability("crossover", crossover)
+        self.immigrants = _probability("immigrants", immigrants)
         self.restart = _Restarts.of_settings(restart_after, restart_growth)
         self.restart_keep = _positive_int("restart_keep", restart_keep, minimum=0)
         if not self.restart.after and (self.restart.growth > 1 or self.restart_keep):
@@ -159,13 +162,16 @@ class RegularisedEvolution(Strategy):
         else:
             self.population += self._kept  # those a restart kept rejoin, as the youngest
             self._kept = []
-            propose = self._vary
+            # no draw without immigrants: a run's random stream stays what it was before them
+            immigrant = self.immigrants and self.rng.random() < self.immigrants
+            propose = self._sample if immigrant else self._vary
         if self.surrogate is None or not self.surrogate.ready:
             return propose()[:3]
         return self._screened([propose() for _ in range(self.screen)])
 
     def _sample(self) -> tuple[Node, str, tuple[int, ...], CheckedTree | None]:
-        """A fresh sample (no check made): an initial candidate, or a child when no mutation works."""
+        """A fresh sample (no check made): an initial candidate, an immigrant, or a child when no
+        mutation works."""
         return self.sampler.sample(), "sampled", (), None
 
     def _screened(
@@ -307,6 +313,13 @@ class RegularisedEvolution(Strategy):
             self.surrogate.load_state_dict(saved)
             self._predicted = {int(i): float(p) for i, p in saved["predicted"]}
             self._known = set(saved["known"])
+
+
+def _probability(name: str, value: Any) -> float:
+    """A strategy setting that must be a probability in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise EinspaceError(f"strategy setting {name!r} must be a probability in [0, 1], got {value!r}")
+    return float(value)
 
 
 def _saved(members: list[tuple[int, str, float]]) -> list[list[Any]]:
