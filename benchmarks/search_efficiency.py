@@ -143,7 +143,7 @@ Output goes to `--out` (default runs/search_efficiency).
 `--optimizer`, `--lr`, `--max-grad-norm` (0: none), `--head-pooling` and `--head-init` replace the
 recipe's settings for the searches and their retraining; the baselines train with the optimiser
 given, keep their own heads and are not clipped (clipping guards a fitted head, and slows plain
-CNNs). `--population` and `--tournament` replace RE's, `--min-params`, `--min-flops` and
+CNNs). `--population`, `--tournament` and `--immigrants` replace RE's, `--min-params`, `--min-flops` and
 `--max-flops` set the limits that keep degenerate (or over-budget) candidates out. `--keep-runs`
 keeps every search's run directory under OUT/runs/TASK_METHOD_SEED/run (for `einspace report`,
 or to replay its history with `benchmarks/surrogate_ranking.py`); otherwise they are thrown away.
@@ -422,7 +422,7 @@ class Job:
     num_gpus: float = 0.0
     overrides: tuple[tuple[str, Any], ...] = ()  # --optimizer, --lr, --head-*: over the recipe's
     source_budget: float = 0.0  # transfer: the compute of the earlier search on TRANSFER_SOURCE
-    evolution: tuple[tuple[str, int], ...] = ()  # --population, --tournament: over the recipe's RE
+    evolution: tuple[tuple[str, float], ...] = ()  # --population, --tournament, --immigrants: over RE
     limits: tuple[tuple[str, int], ...] = ()  # --min-params, --min-flops, --max-flops: over the recipe's
     keep_dir: str = ""  # --keep-runs: the run directories are kept under it, not thrown away
 
@@ -1135,6 +1135,9 @@ def main() -> None:
     parser.add_argument("--population", type=int, help="RE's population instead of the recipe's (16)")
     parser.add_argument("--tournament", type=int, help="RE's tournament size instead of the recipe's (4)")
     parser.add_argument(
+        "--immigrants", type=float, help="RE's share of fresh samples after the first population (default 0)"
+    )
+    parser.add_argument(
         "--head-pooling",
         choices=list(HEAD_POOLINGS),
         help="the searched networks' head pooling instead of the recipe's (the paper's mean); "
@@ -1181,7 +1184,9 @@ def main() -> None:
     if args.max_grad_norm is not None:  # 0: no clipping, whatever the recipe says
         overrides += (("max_grad_norm", args.max_grad_norm or None),)
     evolution = tuple(
-        (k, v) for k, v in (("population", args.population), ("tournament", args.tournament)) if v
+        (name, value)
+        for name in ("population", "tournament", "immigrants")
+        if (value := getattr(args, name)) is not None
     )
     limits = tuple(
         (name, value) for name in ("min_params", "min_flops", "max_flops") if (value := getattr(args, name))

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from search_helpers import experiment
 from test_search_strategies import drive, fitness
 
 from einspace import Limits, input_state, load_grammar
 from einspace.errors import EinspaceError
 from einspace.search.evolution import RegularisedEvolution
+from einspace.search.loop import SearchRun
 from einspace.search.strategy import SearchSpace, get_strategy
 
 SPACE = SearchSpace(load_grammar("einspace"), input_state((3, 16, 16)), Limits(max_depth=12, max_nodes=80))
@@ -80,3 +82,27 @@ def test_state_round_trip_with_immigrants(in_flight):
 def test_a_share_that_is_no_probability_is_refused_naming_the_setting(bad):
     with pytest.raises(EinspaceError, match=r"'immigrants' must be a probability in \[0, 1\]"):
         make(bad)
+
+
+def test_a_search_with_immigrants_resumes_exactly(tmp_path):
+    """Killed after 13 results and resumed, a run with immigrants records what a whole run does,
+    fresh samples after its first population of 4 included."""
+    strategy = {"settings": {"evaluations": 30, "population": 4, "immigrants": 0.3}}
+
+    def finished(run_dir, stop_after=None):
+        e = experiment(run_dir, strategy=strategy)
+        if stop_after is not None:
+            with SearchRun.start(e) as run:
+                assert not run.run(e.make_executor(), max_results=stop_after).finished
+        with SearchRun.start(e) as run:
+            assert run.run(e.make_executor()).finished
+            return [(r.tree, r.origin) for r in run.store.history()]
+
+    whole = finished(tmp_path / "whole")
+    assert finished(tmp_path / "resumed", stop_after=13) == whole
+    assert "sampled" in [origin for _, origin in whole[4:]]
+
+
+def test_an_experiment_with_a_share_that_is_no_probability_is_refused(tmp_path):
+    with pytest.raises(EinspaceError, match="test.yaml: strategy setting 'immigrants' must be a probability"):
+        experiment(tmp_path, strategy={"settings": {"evaluations": 8, "immigrants": 2}})
