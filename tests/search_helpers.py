@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from einspace.search.config import Experiment, parse_experiment
+from einspace.search.loop import SearchRun
 
 PLUGIN = str(Path(__file__).with_name("search_plugins.py"))
 #: Counts grammar parses in each process (parse_counter.py).
@@ -68,6 +69,17 @@ def experiment(run_dir: Path, strategy: dict[str, Any] | None = None, **changes:
             else merge(BASE["strategy"], strategy)
         )
     return parse_experiment(raw, "test.yaml")
+
+
+def run_to_the_end(e: Experiment, stop_after: int | None = None) -> tuple[list[tuple[str, str]], Any]:
+    """Run `e` until it finishes -- first killed after `stop_after` results and resumed, where
+    given: the (tree, origin) of every record, and the strategy at the end."""
+    if stop_after is not None:
+        with SearchRun.start(e) as run:
+            assert not run.run(e.make_executor(), max_results=stop_after).finished
+    with SearchRun.start(e) as run:
+        assert run.run(e.make_executor()).finished
+        return [(r.tree, r.origin) for r in run.store.history()], run.strategy
 
 
 def history_key(records: list) -> list[tuple]:

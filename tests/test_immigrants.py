@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from search_helpers import experiment
+from search_helpers import experiment, run_to_the_end
 from test_search_strategies import drive, fitness
 
 from einspace import Limits, input_state, load_grammar
 from einspace.errors import EinspaceError
 from einspace.search.evolution import RegularisedEvolution
-from einspace.search.loop import SearchRun
 from einspace.search.strategy import SearchSpace, get_strategy
 
 SPACE = SearchSpace(load_grammar("einspace"), input_state((3, 16, 16)), Limits(max_depth=12, max_nodes=80))
@@ -89,17 +88,9 @@ def test_a_search_with_immigrants_resumes_exactly(tmp_path):
     fresh samples after its first population of 4 included."""
     strategy = {"settings": {"evaluations": 30, "population": 4, "immigrants": 0.3}}
 
-    def finished(run_dir, stop_after=None):
-        e = experiment(run_dir, strategy=strategy)
-        if stop_after is not None:
-            with SearchRun.start(e) as run:
-                assert not run.run(e.make_executor(), max_results=stop_after).finished
-        with SearchRun.start(e) as run:
-            assert run.run(e.make_executor()).finished
-            return [(r.tree, r.origin) for r in run.store.history()]
-
-    whole = finished(tmp_path / "whole")
-    assert finished(tmp_path / "resumed", stop_after=13) == whole
+    whole, _ = run_to_the_end(experiment(tmp_path / "whole", strategy=strategy))
+    resumed, _ = run_to_the_end(experiment(tmp_path / "resumed", strategy=strategy), stop_after=13)
+    assert resumed == whole
     assert "sampled" in [origin for _, origin in whole[4:]]
 
 

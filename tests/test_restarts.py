@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from search_helpers import experiment
+from search_helpers import experiment, run_to_the_end
 from test_search_strategies import drive
 
 from einspace import Limits, input_state, load_grammar
@@ -273,18 +273,10 @@ def test_a_search_restarts_resumes_with_its_count_and_reports_it(tmp_path):
     run goes on as one uninterrupted run does, and the report says how often it restarted."""
     strategy = {"settings": {"evaluations": 60, "population": 5, "restart_after": 1, "restart_growth": 2}}
 
-    def finished(run_dir, stop_after=None):
-        e = experiment(run_dir, strategy=strategy)
-        if stop_after is not None:
-            with SearchRun.start(e) as run:
-                assert not run.run(e.make_executor(), max_results=stop_after).finished
-        with SearchRun.start(e) as run:
-            assert run.run(e.make_executor()).finished
-            return [(r.tree, r.origin) for r in run.store.history()], run.strategy.restart
-
-    whole, restart = finished(tmp_path / "whole")
-    resumed, restart_resumed = finished(tmp_path / "resumed", stop_after=23)
-    assert restart.count >= 1 and resumed == whole and restart_resumed == restart
+    whole, a = run_to_the_end(experiment(tmp_path / "whole", strategy=strategy))
+    resumed, b = run_to_the_end(experiment(tmp_path / "resumed", strategy=strategy), stop_after=23)
+    restart = a.restart
+    assert restart.count >= 1 and resumed == whole and b.restart == restart
     text = report(tmp_path / "whole", plot=False)
     assert f"population restarts: {restart.count} (after 1 x population" in text
     assert f"population now {5 * 2**restart.count}" in text and "keeping" not in text
