@@ -45,9 +45,17 @@ class ParetoEvolution(RegularisedEvolution):
         tournament: int = 10,
         crossover: float = 0.0,
         mutations: dict[str, float] | None = None,
+        immigrants: float = 0.0,
     ):
         super().__init__(
-            space, random_seed, evaluations, population, tournament, crossover, mutations=mutations
+            space,
+            random_seed,
+            evaluations,
+            population,
+            tournament,
+            crossover,
+            mutations=mutations,
+            immigrants=immigrants,
         )
         self._order: dict[int, tuple[int, float]] | None = None  # id -> (rank, -crowding), cached
 

@@ -44,9 +44,13 @@ def test_the_share_of_fresh_samples_after_the_first_population_is_the_setting(sh
     assert set(origins) == {"sampled", "mutation"}
 
 
+@pytest.mark.parametrize("strategy", ["regularised_evolution", "pareto_evolution"])
 @pytest.mark.parametrize("share, expected", [(0.0, {"mutation"}), (1.0, {"sampled"})])
-def test_the_bounds_mean_no_immigrant_and_only_immigrants(share, expected):
-    assert set(origins_after_the_first_population(make(share), 40)) == expected
+def test_the_bounds_mean_no_immigrant_and_only_immigrants(strategy, share, expected):
+    """Pareto evolution takes the setting as RE does (its tournaments are NSGA-II's)."""
+    settings = {"evaluations": 400, "population": 4, "tournament": 2, "immigrants": share}
+    s = get_strategy(strategy, SPACE, 0, settings)
+    assert set(origins_after_the_first_population(s, 40)) == expected
 
 
 def test_an_immigrant_joins_the_population_and_the_oldest_dies():
