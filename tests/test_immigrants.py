@@ -17,10 +17,12 @@ from einspace.search.strategy import SearchSpace, get_strategy
 SPACE = SearchSpace(load_grammar("einspace"), input_state((3, 16, 16)), Limits(max_depth=12, max_nodes=80))
 
 
-def make(immigrants: float, random_seed: int = 0, **settings) -> RegularisedEvolution:
-    """RE of population 4 and tournament 2 with `immigrants`."""
+def make(
+    immigrants: float, random_seed: int = 0, strategy: str = "regularised_evolution", **settings
+) -> RegularisedEvolution:
+    """RE (or `strategy`) of population 4 and tournament 2 with `immigrants`."""
     base = {"evaluations": 400, "population": 4, "tournament": 2, "immigrants": immigrants}
-    return get_strategy("regularised_evolution", SPACE, random_seed, base | settings)
+    return get_strategy(strategy, SPACE, random_seed, base | settings)
 
 
 def origins_after_the_first_population(s: RegularisedEvolution, count: int) -> list[str]:
@@ -48,9 +50,7 @@ def test_the_share_of_fresh_samples_after_the_first_population_is_the_setting(sh
 @pytest.mark.parametrize("share, expected", [(0.0, {"mutation"}), (1.0, {"sampled"})])
 def test_the_bounds_mean_no_immigrant_and_only_immigrants(strategy, share, expected):
     """Pareto evolution takes the setting as RE does (its tournaments are NSGA-II's)."""
-    settings = {"evaluations": 400, "population": 4, "tournament": 2, "immigrants": share}
-    s = get_strategy(strategy, SPACE, 0, settings)
-    assert set(origins_after_the_first_population(s, 40)) == expected
+    assert set(origins_after_the_first_population(make(share, strategy=strategy), 40)) == expected
 
 
 def test_an_immigrant_joins_the_population_and_the_oldest_dies():
