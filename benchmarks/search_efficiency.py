@@ -1163,6 +1163,9 @@ def main() -> None:
     )
     parser.add_argument("--max-flops", type=int, help="the limit max_flops for the searches (default none)")
     parser.add_argument(
+        "--max-operations", type=int, help="the limit max_operations for the searches (default none)"
+    )
+    parser.add_argument(
         "--keep-runs",
         action="store_true",
         help="keep each search's run directory under OUT/runs/TASK_METHOD_SEED",
@@ -1189,7 +1192,9 @@ def main() -> None:
         if (value := getattr(args, name)) is not None
     )
     limits = tuple(
-        (name, value) for name in ("min_params", "min_flops", "max_flops") if (value := getattr(args, name))
+        (name, value)
+        for name in ("min_params", "min_flops", "max_flops", "max_operations")
+        if (value := getattr(args, name))
     )
     tasks = [TASKS[name] for name in args.tasks]
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])

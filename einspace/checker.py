@@ -29,6 +29,7 @@ from einspace.tree import (
     TreeVisitor,
     describe_path,
     format_terminal,
+    walk,
     walk_depths,
 )
 
@@ -53,9 +54,11 @@ class TreeStats:
     """A checked tree's size and cost at a glance, as `einspace show`, the reports and the limits
     read them. Depth counts non-terminal levels (`einspace.tree.walk_depths`); the branching
     factor is the mean b of the tree's branching operations (1 when it has none), as in the
-    paper's Table 6."""
+    paper's Table 6. `operations` counts the terminals as the network runs them (each Repeat copy
+    once, `CheckedTree.operations`): what `max_operations` bounds."""
 
     terminals: int
+    operations: int
     nonterminals: int
     depth: int
     branching_factor: float
@@ -96,6 +99,13 @@ class CheckedTree:
     flops: int
 
     @cached_property
+    def operations(self) -> int:
+        """The terminal operations the compiled network runs: each terminal once per copy its
+        enclosing Repeat nodes make. A network's time per step outside its arithmetic grows with
+        this count, which `max_nodes` (a Repeat's subtree once) and FLOPs do not see."""
+        return sum(self.facts[path].copies for path, node in walk(self.tree) if node.kind == "terminal")
+
+    @cached_property
     def stats(self) -> TreeStats:
         """Node counts, depth, branching factor, parameters, FLOPs and output (computed once)."""
         terminals = nonterminals = deepest = 0
@@ -110,7 +120,14 @@ class CheckedTree:
                     factors.append(len(self.facts[path].output))
         branching = sum(factors) / len(factors) if factors else 1.0
         return TreeStats(
-            terminals, nonterminals, deepest, branching, self.params, self.flops, describe(self.output)
+            terminals,
+            self.operations,
+            nonterminals,
+            deepest,
+            branching,
+            self.params,
+            self.flops,
+            describe(self.output),
         )
 
 

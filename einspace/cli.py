@@ -61,6 +61,12 @@ def _add_limits(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-flops", type=int, default=None, help="most FLOPs per sample (analytic counts)")
     parser.add_argument(
+        "--max-operations",
+        type=int,
+        default=None,
+        help="most terminal operations in the network (each Repeat copy counted)",
+    )
+    parser.add_argument(
         "--max-steps",
         type=int,
         default=defaults.max_steps,
@@ -77,6 +83,7 @@ def _limits(args: argparse.Namespace) -> Limits:
         min_params=args.min_params,
         min_flops=args.min_flops,
         max_flops=args.max_flops,
+        max_operations=args.max_operations,
         max_steps=args.max_steps,
     )
 
@@ -84,8 +91,8 @@ def _limits(args: argparse.Namespace) -> Limits:
 def _stats_line(checked: CheckedTree) -> str:
     s = checked.stats
     return (
-        f"terminals {s.terminals}  non-terminals {s.nonterminals}  depth {s.depth}  "
-        f"branching {s.branching_factor:.2f}  params {s.params:,}  FLOPs {s.flops:,}  "
+        f"terminals {s.terminals}  operations {s.operations}  non-terminals {s.nonterminals}  "
+        f"depth {s.depth}  branching {s.branching_factor:.2f}  params {s.params:,}  FLOPs {s.flops:,}  "
         f"output {s.output}"
     )
 

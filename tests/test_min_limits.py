@@ -1,8 +1,10 @@
 """The minimums on a tree's costs, `min_params` and `min_flops` (no degenerate candidates): every
 sampling mode and mutation keep them, a tree of exactly the minimum is accepted and one below
 refused, bad values are refused naming the setting, and a sampler that cannot meet them says so.
-(The exact mode's distribution under them: tests/test_exact_sampling.py; random limits:
-tests/test_properties.py.)"""
+The tests of every cost limit at once (the bundled grammar's variation, an experiment, `einspace
+sample`, a search) also hold `max_flops` and `max_operations` (their boundaries:
+tests/test_max_flops.py, tests/test_max_operations.py). (The exact mode's distribution under them:
+tests/test_exact_sampling.py; random limits: tests/test_properties.py.)"""
 
 from __future__ import annotations
 
@@ -112,7 +114,8 @@ def test_mutation_keeps_the_minimums_at_the_boundary(setting):
 
 def test_mutation_and_crossover_of_the_bundled_grammar_keep_the_cost_limits():
     grammar, x = load_grammar("einspace"), input_state((3, 16, 16))
-    limits = Limits(max_depth=14, max_nodes=120, min_params=2_000, min_flops=200_000, max_flops=3_000_000)
+    costs = {"min_params": 2_000, "min_flops": 200_000, "max_flops": 3_000_000, "max_operations": 40}
+    limits = Limits(max_depth=14, max_nodes=120, **costs)
     rng = random.Random(5)
     sampler = make_sampler(grammar, x, limits, "paper", rng=rng)
     variation = Variation(grammar, x, limits, rng=rng)
@@ -125,6 +128,7 @@ def test_mutation_and_crossover_of_the_bundled_grammar_keep_the_cost_limits():
                 continue
             checked = check_tree(child, grammar, x)
             assert checked.params >= limits.min_params and limits.min_flops <= checked.flops <= 3_000_000
+            assert checked.operations <= 40
             tree, children = child, children + 1
     assert children >= 20
 
@@ -137,6 +141,7 @@ BAD_LIMITS = [
     ({"min_params": 500, "max_params": 100}, "min_params 500 exceeds max_params 100"),
     ({"max_flops": -1}, "max_flops must be non-negative, got -1"),
     ({"min_flops": 500, "max_flops": 100}, "min_flops 500 exceeds max_flops 100"),
+    ({"max_operations": 0}, "limit max_operations must be at least 1, got 0"),
 ]
 
 
@@ -156,19 +161,22 @@ def test_bad_cost_limits_are_refused_naming_the_setting(values, message, tmp_pat
     assert err.startswith("error: ") and message in err and "Traceback" not in err
 
 
-def test_minimums_of_the_wrong_type_name_the_key():
+def test_cost_limits_of_the_wrong_type_name_the_key():
     for key in ("min_params", "min_flops"):
         with pytest.raises(ConfigError, match=f"limits.{key} must be an integer, got str"):
             parse_experiment(merge(BASE, {"limits": {key: "many"}}), "exp.yaml")
+    with pytest.raises(ConfigError, match="limits.max_operations must be an integer or null, got float"):
+        parse_experiment(merge(BASE, {"limits": {"max_operations": 2.5}}), "exp.yaml")
 
 
 # ----------------------------------------------------------------------------- experiment and CLI
 
 
 def test_experiment_limits_carry_the_cost_limits_to_the_search_space(tmp_path):
-    limits = {"min_params": 1_000, "min_flops": 50_000, "max_flops": 1_000_000}
+    limits = {"min_params": 1_000, "min_flops": 50_000, "max_flops": 1_000_000, "max_operations": 30}
     e = parse_experiment(merge(BASE, {"run_dir": str(tmp_path), "limits": limits}), "exp.yaml")
     assert (e.limits.min_params, e.limits.min_flops, e.limits.max_flops) == (1_000, 50_000, 1_000_000)
+    assert e.limits.max_operations == 30 and e.to_dict()["limits"]["max_operations"] == 30
     assert e.to_dict()["limits"]["min_params"] == 1_000
     space = e.space()
     assert space.limits.min_params == 1_000
@@ -176,13 +184,14 @@ def test_experiment_limits_carry_the_cost_limits_to_the_search_space(tmp_path):
     for _ in range(5):
         checked = check_tree(sampler.sample(), space.grammar, e.input.state())
         assert checked.params >= 1_000 and 50_000 <= checked.flops <= 1_000_000
+        assert checked.operations <= 30
 
 
 @pytest.mark.parametrize("sampling", ["paper", "exact"])
 def test_cli_sample_keeps_the_cost_limits(sampling, capsys, tmp_path):
     argv = ["sample", "einspace", "--input", "3,8,8", "-n", "6", "--random-seed", "1", "--sampling", sampling]
     argv += ["--max-depth", "12", "--max-nodes", "100", "--min-params", "500", "--min-flops", "20000"]
-    argv += ["--max-flops", "400000"]
+    argv += ["--max-flops", "400000", "--max-operations", "25"]
     argv += ["--out", str(tmp_path)]
     assert main(argv) == 0
     capsys.readouterr()
@@ -191,12 +200,13 @@ def test_cli_sample_keeps_the_cost_limits(sampling, capsys, tmp_path):
     for path in files:
         checked = check_tree(parse_tree(path.read_text()), load_grammar("einspace"), X)
         assert checked.params >= 500 and 20_000 <= checked.flops <= 400_000
+        assert checked.operations <= 25
 
 
 @pytest.mark.parametrize("sampling", ["paper", "exact"])
-def test_a_search_proposes_no_candidate_below_the_minimums(sampling, tmp_path):
-    """Regularised evolution (sampled, mutated and crossed-over candidates) under the minimums:
-    every tree the run evaluated meets them."""
+def test_a_search_proposes_no_candidate_outside_the_cost_limits(sampling, tmp_path):
+    """Regularised evolution (sampled, mutated and crossed-over candidates) under the minimums
+    and `max_operations`: every tree the run evaluated meets them."""
     from search_helpers import experiment
 
     from einspace.search.loop import open_store, run_search
@@ -204,7 +214,7 @@ def test_a_search_proposes_no_candidate_below_the_minimums(sampling, tmp_path):
     e = experiment(
         tmp_path,
         sampling=sampling,
-        limits={"min_params": 2_000, "min_flops": 100_000},
+        limits={"min_params": 2_000, "min_flops": 100_000, "max_operations": 30},
         strategy={
             "name": "regularised_evolution",
             "settings": {"evaluations": 24, "population": 6, "tournament": 3, "crossover": 0.3},
@@ -221,3 +231,4 @@ def test_a_search_proposes_no_candidate_below_the_minimums(sampling, tmp_path):
     for record in history:
         checked = check_tree(parse_tree(record.tree), grammar, x)
         assert checked.params >= 2_000 and checked.flops >= 100_000, record.origin
+        assert checked.operations <= 30, record.origin

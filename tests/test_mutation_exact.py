@@ -208,8 +208,8 @@ def test_the_give_up_message_counts_only_this_call() -> None:
         sampler.sample()
     assert str(error.value) == (
         "all 200 drafts of a tree for input col[8x16] were rejected (200 by params) within "
-        "max_depth=8, max_nodes=2000, min_depth=0, max_params=10, min_params=0, min_flops=0, max_flops=None; "
-        "the limits may be too tight"
+        "max_depth=8, max_nodes=2000, min_depth=0, max_params=10, min_params=0, min_flops=0, max_flops=None, "
+        "max_operations=None; the limits may be too tight"
     )
     assert sampler.stats["params"] == rejected_before + 200
     assert exact.DRAFTS_PER_ATTEMPT == 100

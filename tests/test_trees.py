@@ -451,6 +451,7 @@ def test_figure3_statistics_by_hand():
     checked = check_tree(FIG3_TREE, None, input_state(IM))
     assert checked.stats.as_dict() == {
         "terminals": 8,
+        "operations": 8,
         "nonterminals": 17,
         "depth": 6,
         "branching_factor": 2.0,
@@ -475,6 +476,7 @@ def test_figure3_with_grammar_widths_checks_against_the_paper_grammar(paper):
     checked = check_tree(tree, paper, input_state((16, 32, 32)))
     assert checked.stats.as_dict() == {
         "terminals": 8,
+        "operations": 8,
         "nonterminals": 17,
         "depth": 6,
         "branching_factor": 2.0,
@@ -493,6 +495,7 @@ def test_repeat_statistics_count_structure_once_and_costs_per_copy(paper):
     assert checked.facts[linear].params == (3 + 1) * 16
     assert checked.stats.as_dict() == {
         "terminals": 3,
+        "operations": 6,  # clone, four copies of linear, add
         "nonterminals": 6,
         "depth": 4,
         "branching_factor": 4.0,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from einspace.checker import check_tree
+from einspace.checker import CheckedTree, check_tree
 from einspace.errors import EinspaceError
 from einspace.grammar.model import Grammar
 from einspace.state import FeatureState, Signal
@@ -27,7 +27,10 @@ class Limits:
     `einspace.checker.check_tree`; FLOPs per sample). The minimums keep degenerate candidates out
     and `max_flops` the ones an evaluator's FLOP budget would refuse: every mode, mutation and
     crossover reject a complete tree outside them (`cost_violation`), which in the exact mode
-    conditions exactly.
+    conditions exactly. `max_operations` bounds the network's terminal operations, each Repeat
+    copy counted (`CheckedTree.operations`): a tree of few FLOPs but hundreds of small operations
+    spends its time in the interpreter, building and stepping (measured on the digits benchmark:
+    ten times a typical tree's time per evaluation), which no FLOP budget sees.
 
     `max_steps` bounds the paper mode's backtracking per attempt and `max_attempts` its restarts;
     the exact mode gives up after `max_attempts` x 100 rejected drafts (`einspace.sampling.exact`).
@@ -42,11 +45,14 @@ class Limits:
     min_params: int = 0
     min_flops: int = 0
     max_flops: int | None = None
+    max_operations: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "max_nodes", "max_steps", "max_attempts"):
             if getattr(self, name) < 1:
                 raise EinspaceError(f"limit {name} must be at least 1, got {getattr(self, name)}")
+        if self.max_operations is not None and self.max_operations < 1:
+            raise EinspaceError(f"limit max_operations must be at least 1, got {self.max_operations}")
         if self.min_depth > self.max_depth:
             raise EinspaceError(f"min_depth {self.min_depth} exceeds max_depth {self.max_depth}")
         for name in ("max_params", "min_params", "min_flops", "max_flops"):
@@ -61,12 +67,19 @@ class Limits:
     @property
     def checks_whole_trees(self) -> bool:
         """Whether a cost limit that only a complete tree's counts decide is set: a minimum
-        (`min_params`, `min_flops`) or `max_flops` (the modes keep `max_params` while drawing)."""
-        return self.min_params > 0 or self.min_flops > 0 or self.max_flops is not None
+        (`min_params`, `min_flops`), `max_flops` or `max_operations` (the modes keep `max_params`
+        while drawing)."""
+        return (
+            self.min_params > 0
+            or self.min_flops > 0
+            or self.max_flops is not None
+            or self.max_operations is not None
+        )
 
-    def cost_violation(self, params: int, flops: int) -> tuple[str, str] | None:
-        """The first cost limit a tree with these parameter and FLOP counts breaks, as (the
-        setting's name, a message), or None: the one place that compares costs with limits."""
+    def cost_violation(self, checked: CheckedTree) -> tuple[str, str] | None:
+        """The first cost limit a checked tree breaks, as (the setting's name, a message), or
+        None: the one place that compares costs with limits."""
+        params, flops = checked.params, checked.flops
         if self.max_params is not None and params > self.max_params:
             return "max_params", f"{params} parameters > max_params {self.max_params}"
         if params < self.min_params:
@@ -75,11 +88,22 @@ class Limits:
             return "min_flops", f"{flops} FLOPs < min_flops {self.min_flops}"
         if self.max_flops is not None and flops > self.max_flops:
             return "max_flops", f"{flops} FLOPs > max_flops {self.max_flops}"
+        if self.max_operations is not None and checked.operations > self.max_operations:
+            return "max_operations", f"{checked.operations} operations > max_operations {self.max_operations}"
         return None
 
     def describe(self) -> str:
         """The limits on a tree's size and costs, for the messages of a sampler that gives up."""
-        names = ("max_depth", "max_nodes", "min_depth", "max_params", "min_params", "min_flops", "max_flops")
+        names = (
+            "max_depth",
+            "max_nodes",
+            "min_depth",
+            "max_params",
+            "min_params",
+            "min_flops",
+            "max_flops",
+            "max_operations",
+        )
         return ", ".join(f"{name}={getattr(self, name)}" for name in names)
 
 
@@ -108,14 +132,14 @@ class SamplerBase:
         raise NotImplementedError
 
     def _cost_violation(self, tree: Node) -> str | None:
-        """For a complete tree: the cost limit it breaks (the setting's name: a minimum or
-        `max_flops`, as the modes keep `max_params` while drawing), or None. Its costs come from
-        the checker, so it looks only when such a limit is set; a mode rejects the whole tree,
-        never part of it, which keeps the exact mode exact."""
+        """For a complete tree: the cost limit it breaks (the setting's name: a minimum,
+        `max_flops` or `max_operations`, as the modes keep `max_params` while drawing), or None.
+        Its costs come from the checker, so it looks only when such a limit is set; a mode
+        rejects the whole tree, never part of it, which keeps the exact mode exact."""
         if not self.limits.checks_whole_trees:
             return None
         checked = check_tree(tree, None, self.input)
-        violation = self.limits.cost_violation(checked.params, checked.flops)
+        violation = self.limits.cost_violation(checked)
         return violation[0] if violation else None
 
 

@@ -9,8 +9,8 @@ argument grid). How each limit and constraint is met:
   between its items and each argument are drawn with the probability that the derivations through
   them complete, so a draft never reaches a dead end of these kinds;
 - shapes (an `add` of unequal branches, a kernel larger than its input, a `col2im` whose sequence
-  changed, ...), `max_nodes`, `max_params`, `min_depth`, `min_params`, `min_flops` and
-  `max_flops`: by rejection (the minimums and `max_flops` of complete drafts only). A draft's shapes and
+  changed, ...), `max_nodes`, `max_params`, `max_operations`, `min_depth`, `min_params`, `min_flops`
+  and `max_flops`: by rejection (the minimums and `max_flops` of complete drafts only). A draft's shapes and
   costs are computed as it is drawn; the first failure discards the whole draft (nothing is
   repaired locally, which is what would distort the distribution) and a new draft starts.
 
@@ -170,6 +170,7 @@ class ExactSampler(SamplerBase):
         self._root_weights = list(accumulate(roots.values()))
         self._nodes = 0
         self._params = 0
+        self._operations = 0
         self._max_nodes = self.limits.max_nodes
 
     def sample(self) -> Node:
@@ -209,7 +210,7 @@ class ExactSampler(SamplerBase):
     def _draft(self) -> Node | None:
         stats = self.stats
         stats["drafts"] += 1
-        self._nodes = self._params = 0
+        self._nodes = self._params = self._operations = 0
         weights = self._root_weights
         plan = self._roots[bisect(weights, self.rng.random() * weights[-1]) if len(weights) > 1 else 0]
         try:
@@ -286,6 +287,9 @@ class ExactSampler(SamplerBase):
         self._nodes += 1
         if self._nodes > self._max_nodes:
             raise _Rejected("nodes")
+        self._operations += copies
+        if self.limits.max_operations is not None and self._operations > self.limits.max_operations:
+            raise _Rejected("max_operations")
         # floor(u * n) is uniform over the n grid points up to float rounding (n / 2**53)
         args = choices[int(self.rng.random() * len(choices))] if len(choices) > 1 else choices[0]
         key = (name, args, signal)

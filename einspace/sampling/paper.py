@@ -8,9 +8,9 @@ probabilities over the feasible ones. When a later item finds no feasible option
 untried decision is revisited (the sampler is a lazy depth-first search written with
 generators; see `_COMPLETIONS_PER_CHOICE`), so a sample never fails a forward pass.
 
-A complete tree below `min_params` or `min_flops`, or above `max_flops` (costs known only once it
-is whole), is rejected and the search goes on, to the next derivation or a new attempt, like a tree
-below `min_depth`.
+A complete tree below `min_params` or `min_flops`, or above `max_flops` or `max_operations` (costs
+known only once it is whole), is rejected and the search goes on, to the next derivation or a new
+attempt, like a tree below `min_depth`.
 
 The search is bounded by a step budget per attempt; an attempt that exhausts it is restarted
 with the random stream where it stands, and after `max_attempts` the sampler gives up with a

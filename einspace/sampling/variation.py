@@ -37,7 +37,7 @@ def limit_violation(checked: CheckedTree, limits: Limits) -> str | None:
         return f"depth {stats.depth} > max_depth {limits.max_depth}"
     if stats.nodes > limits.max_nodes:
         return f"{stats.nodes} nodes > max_nodes {limits.max_nodes}"
-    violation = limits.cost_violation(checked.params, checked.flops)
+    violation = limits.cost_violation(checked)
     return violation[1] if violation else None
 
 
