@@ -100,6 +100,7 @@ def test_a_run_stores_the_checked_file_as_plain_data_and_reads_it_back(tmp_path)
             "min_params": 0,
             "min_flops": 0,
             "max_flops": None,
+            "max_operations": None,
             "max_steps": 20_000,
             "max_attempts": 100,
         },
