@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
@@ -103,7 +104,13 @@ class CheckedTree:
         """The terminal operations the compiled network runs: each terminal once per copy its
         enclosing Repeat nodes make. A network's time per step outside its arithmetic grows with
         this count, which `max_nodes` (a Repeat's subtree once) and FLOPs do not see."""
-        return sum(self.facts[path].copies for path, node in walk(self.tree) if node.kind == "terminal")
+        return self.count_operations(lambda _: True)
+
+    def count_operations(self, which: Callable[[Terminal], bool]) -> int:
+        """The operations the compiled network runs among the terminals `which` accepts, each once
+        per copy its enclosing Repeat nodes make."""
+        terminals = ((path, node) for path, node in walk(self.tree) if isinstance(node, Terminal))
+        return sum(self.facts[path].copies for path, node in terminals if which(node))
 
     @cached_property
     def stats(self) -> TreeStats:

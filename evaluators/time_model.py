@@ -40,7 +40,7 @@ from torch import nn
 from einspace.checker import CheckedTree
 from einspace.evaluators.budgets import activation_values, head_flops
 from einspace.ops.registry import Group, get_op
-from einspace.tree import Terminal, walk
+from einspace.tree import Terminal
 
 __all__ = ["Forecast", "TimeModel", "Workload", "calibrate", "calibrated"]
 
@@ -72,7 +72,7 @@ class Workload:
         """The counts of a tree, with the classification head of `classes` (None: backbone only).
         Every operation instance counts (Repeat copies included) except identity and branching,
         which return their input or views of it."""
-        ops = sum(checked.facts[path].copies for path, node in walk(checked.tree) if _runs(node))
+        ops = checked.count_operations(_runs)
         flops = checked.flops + (head_flops(checked, classes) if classes is not None else 0)
         inputs = sum(math.prod(state.shape) for state in checked.input)
         return Workload(ops, flops, inputs + activation_values(checked))
@@ -82,10 +82,10 @@ class Workload:
         return np.array([1.0, self.ops, batch * self.flops, batch * self.values])
 
 
-def _runs(node: object) -> bool:
-    """Whether a node is an operation that runs kernels: identity and branching (clone, group)
-    pass their input on as is or as views."""
-    return isinstance(node, Terminal) and node.op != "identity" and get_op(node.op).group != Group.BRANCHING
+def _runs(node: Terminal) -> bool:
+    """Whether an operation runs kernels: identity and branching (clone, group) pass their input
+    on as is or as views."""
+    return node.op != "identity" and get_op(node.op).group != Group.BRANCHING
 
 
 @dataclass(frozen=True)
