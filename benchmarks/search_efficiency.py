@@ -776,36 +776,29 @@ def reached(curve: Curve, target: float) -> float | None:
     return next((c for c, best in curve if best is not None and best >= target), None)
 
 
-def mean_reached(curves: list[Curve], target: float) -> float | None:
-    """The compute at which the mean over `curves` of the incumbent (0 before a curve's first
-    result) first reached `target`, None if it never did."""
-    for point in sorted({c for curve in curves for c, _ in curve}):
-        latest = [[b for c, b in curve if c <= point] for curve in curves]
-        if statistics.fmean((values[-1] or 0.0) if values else 0.0 for values in latest) >= target:
-            return point
-    return None
-
-
-def mean_reached_spread(
+def mean_curve_reading(
     curves: dict[int, Curve], reference: dict[int, dict[str, Any]], draws: int = BOOTSTRAP_DRAWS
-) -> tuple[float, float]:
-    """How much the mean-curve reading of (a) owes to which seeds ran: `mean_reached` over the
-    reference's mean final best, as a share of the reference's mean compute, for `draws`
-    resamplings of the seeds both have (with replacement; a seed's run and its reference run are
-    drawn together), and the 5th and 95th percentiles of those shares (inf: never reached)."""
+) -> tuple[float, float, float, float]:
+    """(a) read on the mean curves, over the seeds both have: the reference's mean final best, and
+    the compute at which the mean over seeds of the incumbent (0 before a curve's first result)
+    first reached it, as a share of the reference's mean compute (inf: never); then how much that
+    share owes to which seeds ran, as the 5th and 95th percentiles of the share over `draws`
+    resamplings of the seeds (with replacement; a seed's run drawn with its reference run)."""
     seeds = sorted(set(curves) & set(reference))
     grid = np.array(sorted({c for s in seeds for c, _ in curves[s]}))
     values = np.nan_to_num(np.array([_on_grid(curves[s], grid) for s in seeds]), nan=0.0)
     best = np.array([reference[s]["best"] for s in seeds])
     total = np.array([reference[s]["total"] for s in seeds])
-    picks = np.random.default_rng(0).integers(len(seeds), size=(draws, len(seeds)))
-    shares = np.full(draws, math.inf)
-    for i, pick in enumerate(picks):
+
+    def share(pick: np.ndarray) -> float:
         above = np.flatnonzero(values[pick].mean(0) >= best[pick].mean())
-        if above.size:
-            shares[i] = grid[above[0]] / total[pick].mean()
+        return grid[above[0]] / total[pick].mean() if above.size else math.inf
+
+    every = np.arange(len(seeds))
+    shares = [share(pick) for pick in np.random.default_rng(0).integers(len(seeds), size=(draws, len(seeds)))]
     # drawn shares, not interpolated between them: an interval that reaches "never" says so
-    return float(np.quantile(shares, 0.05, method="lower")), float(np.quantile(shares, 0.95, method="higher"))
+    low, high = np.quantile(shares, 0.05, method="lower"), np.quantile(shares, 0.95, method="higher")
+    return float(best.mean()), share(every), float(low), float(high)
 
 
 def _share(value: float) -> str:
@@ -933,12 +926,8 @@ def targets(task: Task, rows: list[dict[str, Any]], searches: list[str]) -> list
             f"(a) {verdict}: {sh} reached {ref}'s final best with {mean:.2f} of {ref}'s compute "
             f"(target <= {1 / speedup:.2f}; per seed {per})"
         )
-        target = statistics.fmean(r["best"] for r in ref_runs.values())
-        got = mean_reached([r["curve"] for r in _by_seed(rows, sh).values()], target)
-        share = (got if got is not None else math.inf) / statistics.fmean(
-            r["total"] for r in ref_runs.values()
-        )
-        low, high = mean_reached_spread({s: r["curve"] for s, r in _by_seed(rows, sh).items()}, ref_runs)
+        curves = {s: r["curve"] for s, r in _by_seed(rows, sh).items()}
+        target, share, low, high = mean_curve_reading(curves, ref_runs)
         lines.append(
             f"(a, mean curves) {'met' if share <= 1 / speedup else 'not met'}: the mean over seeds of "
             f"{sh}'s best so far reached {ref}'s mean final best ({100 * target:.1f}%) with "

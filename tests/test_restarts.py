@@ -273,10 +273,10 @@ def test_a_search_restarts_resumes_with_its_count_and_reports_it(tmp_path):
     run goes on as one uninterrupted run does, and the report says how often it restarted."""
     strategy = {"settings": {"evaluations": 60, "population": 5, "restart_after": 1, "restart_growth": 2}}
 
-    whole, a = run_to_the_end(experiment(tmp_path / "whole", strategy=strategy))
-    resumed, b = run_to_the_end(experiment(tmp_path / "resumed", strategy=strategy), stop_after=23)
-    restart = a.restart
-    assert restart.count >= 1 and resumed == whole and b.restart == restart
+    whole, uninterrupted = run_to_the_end(experiment(tmp_path / "whole", strategy=strategy))
+    resumed, interrupted = run_to_the_end(experiment(tmp_path / "resumed", strategy=strategy), stop_after=23)
+    restart = uninterrupted.restart
+    assert restart.count >= 1 and resumed == whole and interrupted.restart == restart
     text = report(tmp_path / "whole", plot=False)
     assert f"population restarts: {restart.count} (after 1 x population" in text
     assert f"population now {5 * 2**restart.count}" in text and "keeping" not in text
