@@ -53,6 +53,8 @@ have spent it. Methods, each from scratch and seeded:
           both, or restarts that double the population and tournament each time (+RG,
           `restart_growth` 2, as IPOP does; +RG4: the same after four times the population;
           +RGK: +RG whose restarts keep the population's best, `restart_keep` 1).
+- RE+SH0+S+p6wRGK (from scratch only): RE+all0+p6wRGK without weight inheritance, the method
+          issue 26's inheritance target (i) compares its children with.
 - RE+all0+p6wRGKF (from scratch only): RE+all0+p6wRGK where IMMIGRANTS of RE's candidates after
           the first population are fresh samples (`immigrants`): the first population decides
           which family evolution refines, and one whose looks overrate how it trains (digits seed
@@ -392,6 +394,7 @@ METHODS = {
     "RE+all0+p6wRG": replace(ALL0_P6W, evolution=_restarting(growth=2)),
     "RE+all0+p6wRG4": replace(ALL0_P6W, evolution=_restarting(growth=2, after=2 * RESTART_AFTER)),
     "RE+all0+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1)),
+    "RE+SH0+S+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1), inherit=False),
     "RE+all0+p6wRGKF": replace(
         ALL0_P6W, evolution=_restarting((("immigrants", IMMIGRANTS),), growth=2, keep=1)
     ),
