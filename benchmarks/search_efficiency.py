@@ -363,6 +363,9 @@ ALL0_P6 = Method(
 #: RE+all0+p6 promoting within a window, without tiny trees: the base of the +p6w variants.
 ALL0_P6W = replace(ALL0_P6, window=WINDOW, min_params=MIN_PARAMS)
 
+#: RE+all0+p6w with restarts that double and keep the best: everything together, and its variants.
+ALL0_P6W_RGK = replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1))
+
 METHODS = {
     "RS": Method("random_search"),
     "RE": Method("regularised_evolution"),
@@ -393,15 +396,13 @@ METHODS = {
     "RE+all0+p6wPR": replace(ALL0_P6W, evolution=_restarting(WIDE)),
     "RE+all0+p6wRG": replace(ALL0_P6W, evolution=_restarting(growth=2)),
     "RE+all0+p6wRG4": replace(ALL0_P6W, evolution=_restarting(growth=2, after=2 * RESTART_AFTER)),
-    "RE+all0+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1)),
-    "RE+SH0+S+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1), inherit=False),
+    "RE+all0+p6wRGK": ALL0_P6W_RGK,
+    "RE+SH0+S+p6wRGK": replace(ALL0_P6W_RGK, inherit=False),
     "RE+all0+p6wRGKF": replace(
         ALL0_P6W, evolution=_restarting((("immigrants", IMMIGRANTS),), growth=2, keep=1)
     ),
-    "RE+all03+p6wRGK": replace(ALL0_P6W, evolution=_restarting(growth=2, keep=1), rungs=RUNGS_NO_EPOCH_1),
-    "RE+all0+p6wRGKL": replace(
-        ALL0_P6W, evolution=_restarting(growth=2, keep=1), look_examples=LOOK_EXAMPLES
-    ),
+    "RE+all03+p6wRGK": replace(ALL0_P6W_RGK, rungs=RUNGS_NO_EPOCH_1),
+    "RE+all0+p6wRGKL": replace(ALL0_P6W_RGK, look_examples=LOOK_EXAMPLES),
     "RE+all0+p6wL": replace(ALL0_P6W, look_examples=LOOK_EXAMPLES),
     "RE+all0+p6wRGL": replace(ALL0_P6W, evolution=_restarting(growth=2), look_examples=LOOK_EXAMPLES),
     "RE+S+T": Method("regularised_evolution", screen=SCREEN_TRANSFER, transfer=("RE",)),
