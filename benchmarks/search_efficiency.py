@@ -60,6 +60,11 @@ have spent it. Methods, each from scratch and seeded:
           which family evolution refines, and one whose looks overrate how it trains (digits seed
           10: every member a learned positional encoding, looks of 0.73-0.88, 0.76 trained) is
           never left while its looks keep improving, as no restart comes.
+- RE+all0+p6wRGKC (from scratch only): RE+all0+p6wRGK whose screen weighs cost (`screen_cost`
+          SCREEN_COST): a proposal predicted ten times costlier (in seconds, learnt from the run's
+          own evaluations) must be predicted SCREEN_COST standard deviations of the results fitter.
+          Nothing else preferred a cheap candidate to an expensive one of the same promise, and
+          the digits seeds that missed RE's best had spent their minute on expensive looks.
 - RE+all0+p6wL, RE+all0+p6wRGL, RE+all0+p6wRGKL (from scratch only): RE+all0+p6w, RE+all0+p6wRG
           and RE+all0+p6wRGK whose looks fit the head to LOOK_EXAMPLES training examples
           (`look_examples`) instead of 1,024: the forward passes over them are most of a look's
@@ -217,6 +222,7 @@ WIDE = (("population", 48), ("tournament", 12))  # +P: RE's population and tourn
 RESTART_AFTER = 2  # +R: restart a population that has not improved for this many times its size
 RUNGS_NO_EPOCH_1 = (0, 3, EPOCHS)  # all03: from the look straight to 3 epochs (no 1-epoch rung)
 IMMIGRANTS = 0.25  # +F: this share of RE's candidates after the first population are fresh samples
+SCREEN_COST = 0.1  # +C: a tenfold cost must be predicted this many standard deviations fitter
 LOOK_EXAMPLES = 512  # +L: the look at 0 epochs fits the head to this many examples (the default 1,024)
 BOOTSTRAP_DRAWS = 2000  # resamplings of the seeds behind the spread of (a)'s mean-curve reading
 
@@ -400,6 +406,9 @@ METHODS = {
     "RE+SH0+S+p6wRGK": replace(ALL0_P6W_RGK, inherit=False),
     "RE+all0+p6wRGKF": replace(
         ALL0_P6W, evolution=_restarting((("immigrants", IMMIGRANTS),), growth=2, keep=1)
+    ),
+    "RE+all0+p6wRGKC": replace(
+        ALL0_P6W_RGK, evolution=(*ALL0_P6W_RGK.evolution, ("screen_cost", SCREEN_COST))
     ),
     "RE+all03+p6wRGK": replace(ALL0_P6W_RGK, rungs=RUNGS_NO_EPOCH_1),
     "RE+all0+p6wRGKL": replace(ALL0_P6W_RGK, look_examples=LOOK_EXAMPLES),

@@ -8,6 +8,7 @@ the sequential algorithm.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,15 @@ class RegularisedEvolution(Strategy):
     screened the same way once the surrogate is ready: from the first candidate when it is
     warm-started from earlier runs (`einspace.search.warm_start`), each the best of k samples.
 
+    With `screen_cost` c > 0 the screen also weighs what a proposal would cost: it ranks by
+    predicted fitness minus c x (the spread of the run's results) x log10(predicted seconds), the
+    seconds learnt from the run's own measured evaluations (`Surrogate.predict_log_seconds`). So a
+    tenfold costlier proposal must be predicted c standard deviations fitter to be chosen: among
+    proposals the surrogate cannot tell apart, the cheaper is trained, and a population that
+    drifts to expensive networks is pulled back unless they pay. Scaling by the spread makes c mean
+    the same on tasks whose accuracies differ; the cost counts once `surrogate_min_results`
+    evaluations were measured.
+
     Inside successive halving that passes on later rungs (`hear_promotion`), a member's fitness
     becomes its result at the highest rung it reached, and a member that reached a higher rung wins
     any tournament against one that did not: promotion is a judgment made with more training.
@@ -119,6 +129,7 @@ class RegularisedEvolution(Strategy):
         screen: int = 1,
         surrogate: str = "gradient_boosting",
         surrogate_min_results: int = 20,
+        screen_cost: float = 0.0,
         mutations: dict[str, float] | None = None,
         restart_after: float = 0,
         restart_growth: int = 1,
@@ -129,7 +140,13 @@ class RegularisedEvolution(Strategy):
         super().__init__(space, random_seed, evaluations)
         self.screen = _positive_int("screen", screen)
         min_results = _positive_int("surrogate_min_results", surrogate_min_results, minimum=2)
-        self.surrogate = Surrogate(surrogate, random_seed, min_results) if self.screen > 1 else None
+        self.screen_cost = _cost_weight(screen_cost, self.screen)
+        self.surrogate = (
+            Surrogate(surrogate, random_seed, min_results, cost=self.screen_cost > 0)
+            if self.screen > 1
+            else None
+        )
+        self._seconds: dict[int, float] = {}  # id -> measured seconds, heard with its result
         self._features: dict[int, dict[str, float]] = {}  # id -> features, of candidates not told yet
         self._predicted: dict[int, float] = {}  # id -> predicted fitness, of screened candidates
         self._known: set[str] = set()  # hashes of the trees asked for so far (screening prefers others)
@@ -181,9 +198,14 @@ class RegularisedEvolution(Strategy):
         assert self.surrogate is not None
         features = [self._features_of(tree, checked) for tree, _, _, checked in proposals]
         predicted = self.surrogate.predict(features)
+        score = predicted
+        log_seconds = self.surrogate.predict_log_seconds(features) if self.screen_cost else None
+        if log_seconds is not None:
+            weight = self.screen_cost * self.surrogate.spread
+            score = [p - weight * s for p, s in zip(predicted, log_seconds, strict=True)]
         hashes = [content_hash(tree) for tree, _, _, _ in proposals]
         # a tree already proposed would only be served from the cache: new ones first
-        best = max(range(len(proposals)), key=lambda i: (hashes[i] not in self._known, predicted[i], -i))
+        best = max(range(len(proposals)), key=lambda i: (hashes[i] not in self._known, score[i], -i))
         self._features[self.next_id], self._predicted[self.next_id] = features[best], predicted[best]
         self._known.add(hashes[best])
         return proposals[best][:3]
@@ -237,12 +259,19 @@ class RegularisedEvolution(Strategy):
     def _features_of(self, tree: Node, checked: CheckedTree | None = None) -> dict[str, float]:
         return tree_features(tree, self.space.grammar, self.space.input, checked)
 
+    def tell(
+        self, candidate_id: int, fitness: float, partial: bool = False, seconds: float | None = None
+    ) -> None:
+        if seconds is not None and self.surrogate is not None and math.isfinite(fitness):
+            self._seconds[candidate_id] = seconds
+        super().tell(candidate_id, fitness, partial)
+
     def _observe(self, candidate: Candidate, fitness: float) -> None:
         if self.surrogate is not None:
             features = self._features.pop(candidate.id, None)
             if features is None:
                 features = self._features_of(self.tree_of(candidate.id, candidate.tree))
-            self.surrogate.add(features, fitness)
+            self.surrogate.add(features, fitness, seconds=self._seconds.pop(candidate.id, None))
             self._known.add(candidate.hash)
             if candidate.id in self._predicted:
                 self.surrogate.pairs.append((self._predicted.pop(candidate.id), fitness))
@@ -319,6 +348,20 @@ def _probability(name: str, value: Any) -> float:
     """A strategy setting that must be a probability in [0, 1]."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise EinspaceError(f"strategy setting {name!r} must be a probability in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _cost_weight(value: Any, screen: int) -> float:
+    """`screen_cost`: a number >= 0, above 0 only where there is a screen to weigh cost in."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise EinspaceError(
+            f"strategy setting 'screen_cost' must be a number >= 0 (0: cost ignored), got {value!r}"
+        )
+    if value and screen < 2:
+        raise EinspaceError(
+            "strategy setting 'screen_cost' weighs cost in the surrogate's screen, and 'screen' is 1 "
+            "(nothing screened): set 'screen' above 1 too"
+        )
     return float(value)
 
 

@@ -413,7 +413,8 @@ class _Session:
         fitness: Any = record.fitness if record.fitness is not None else float("-inf")
         if self.objectives is not None and self.strategy.multi_objective:
             fitness = self.objectives.score(record)
-        self.strategy.tell(candidate.id, fitness, partial=record.partial)
+        seconds = record.seconds if record.status == Status.OK else None  # a cached copy cost nothing
+        self.strategy.tell(candidate.id, fitness, partial=record.partial, seconds=seconds)
         self.store.save_checkpoint(self.strategy.state_dict())
         if self.states is not None:
             self.states.prune()

@@ -59,7 +59,9 @@ class ParetoEvolution(RegularisedEvolution):
         )
         self._order: dict[int, tuple[int, float]] | None = None  # id -> (rank, -crowding), cached
 
-    def tell(self, candidate_id: int, fitness: Any, partial: bool = False) -> None:
+    def tell(
+        self, candidate_id: int, fitness: Any, partial: bool = False, seconds: float | None = None
+    ) -> None:
         self._observe(self._take_pending(candidate_id), _score(fitness))
 
     def _observe(self, candidate: Candidate, fitness: Any) -> None:

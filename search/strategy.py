@@ -135,6 +135,8 @@ class Strategy(ABC):
       is an error. `partial`: the result was scored before reaching its fidelity (a time budget
       stopped training); the built-in strategies take its fitness as it is (the shorter training
       already lowers it), and successive halving never promotes it.
+      `seconds`: what evaluating it took, where it was measured (None for a failure or a result
+      served from the cache); a strategy that weighs cost learns from it, others ignore it.
     - `hear_promotion(id, rung, fitness)` may follow a `tell`: the same tree's result after more
       training (successive halving's higher rungs, where the experiment asks for it).
     - `pending()` lists the asked-but-untold candidates (to re-queue after a crash).
@@ -197,7 +199,9 @@ class Strategy(ABC):
         """Drop a cached tree the strategy will not vary again."""
         self._trees.pop(candidate_id, None)
 
-    def tell(self, candidate_id: int, fitness: float, partial: bool = False) -> None:
+    def tell(
+        self, candidate_id: int, fitness: float, partial: bool = False, seconds: float | None = None
+    ) -> None:
         self._observe(self._take_pending(candidate_id), float(fitness))
 
     def hear_promotion(self, candidate_id: int, rung: int, fitness: float) -> None:  # noqa: B027

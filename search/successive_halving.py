@@ -261,7 +261,9 @@ class SuccessiveHalving(Strategy):
         self._pending[candidate.id] = candidate
         return candidate
 
-    def tell(self, candidate_id: int, fitness: float, partial: bool = False) -> None:
+    def tell(
+        self, candidate_id: int, fitness: float, partial: bool = False, seconds: float | None = None
+    ) -> None:
         candidate = self._take_pending(candidate_id)
         level = self.rungs.index(candidate.fidelity)  # type: ignore[arg-type]
         if level + 1 < len(self.rungs):  # the top rung's results are never promoted: not kept
@@ -275,7 +277,7 @@ class SuccessiveHalving(Strategy):
         if self.strategy_fitness == "highest_rung" and base_id is not None and level + 1 < len(self.rungs):
             self._base_of_job[candidate.id] = base_id  # its promotion's result goes to the same id
         if candidate.origin != PROMOTION:
-            self.base.tell(base_id, fitness, partial=partial)  # type: ignore[arg-type]
+            self.base.tell(base_id, fitness, partial=partial, seconds=seconds)  # type: ignore[arg-type]
         elif base_id is not None and not partial and math.isfinite(fitness):
             self.base.hear_promotion(base_id, level, float(fitness))
 

@@ -17,6 +17,11 @@ results have grown by a fifth since the last fit, always on the results in the o
 told and with the run's seed, so a resumed run refits the very same model and screens exactly as
 the interrupted one would have.
 
+Where screening weighs cost (`screen_cost`), a second regressor of the same kind learns from the
+same features how long this run's evaluations took (log10 of the measured seconds of each scored
+result; failures, results served from the cache and earlier runs' results say nothing about it),
+so the cost is the run's own, on its device and at its fidelity, not a guess from FLOPs.
+
 How well it ranks is measured on results it had not seen: each screened candidate's prediction is
 kept and, when its result comes back, paired with it; `rank_correlation` (Spearman) of the pairs
 is what `einspace report` prints.
@@ -25,6 +30,7 @@ is what `einspace report` prints.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -53,6 +59,8 @@ SURROGATES: dict[str, tuple[str, dict[str, Any]]] = {
 
 #: Refit once the results number this factor times those of the last fit (plus one).
 REFIT_GROWTH = 1.2
+#: Measured seconds below this are taken as this: the clock's resolution, not a cost.
+_SHORTEST_S = 1e-3
 
 
 def tree_features(
@@ -157,18 +165,24 @@ class Surrogate:
     fitted regressor (refitted as the data grows) and the (predicted, measured) pairs of the
     candidates it screened."""
 
-    def __init__(self, kind: str = "gradient_boosting", random_seed: int = 0, min_results: int = 20):
+    def __init__(
+        self, kind: str = "gradient_boosting", random_seed: int = 0, min_results: int = 20, cost: bool = False
+    ):
         if kind not in SURROGATES:
             known = ", ".join(SURROGATES)
             raise EinspaceError(f"strategy setting 'surrogate' must be one of {known}, got {kind!r}")
         self.kind, self.random_seed, self.min_results = kind, random_seed, min_results
+        self.models_cost = cost  # whether to fit the model of log seconds too
         self.features: list[dict[str, float]] = []
         self.fitness: list[float] = []
         self.sources: list[int] = []  # 0: this run; 1, 2, ...: the runs it was warm-started from
+        self.log_seconds: list[float | None] = []  # log10 of what each took, where measured here
         self.pairs: list[tuple[float, float]] = []
         self._model: Any = None
+        self._cost_model: Any = None  # None until `min_results` measured results are in
         self._columns: list[str] = []
         self.fitted_on = 0  # how many results the current model was fitted to
+        self.spread = 0.0  # standard deviation of the scored results' fitness (as fitted) at the last fit
         _regressor_class(kind)  # a missing scikit-learn is an error when the search is set up
 
     @property
@@ -176,16 +190,29 @@ class Surrogate:
         """Whether there are enough results, some of them scored, to screen with."""
         return len(self.fitness) >= self.min_results and any(math.isfinite(f) for f in self.fitness)
 
-    def add(self, features: dict[str, float], fitness: float, source: int = 0) -> None:
+    def add(
+        self, features: dict[str, float], fitness: float, source: int = 0, seconds: float | None = None
+    ) -> None:
+        """One result: its tree's features, fitness, which run it is from, and the seconds it took
+        (None: not measured, or nothing to learn a cost from)."""
         self.features.append(features)
         self.fitness.append(fitness)
         self.sources.append(source)
+        self.log_seconds.append(math.log10(max(seconds, _SHORTEST_S)) if seconds is not None else None)
 
     def predict(self, candidates: list[dict[str, float]]) -> list[float]:
         """Predicted fitness of each candidate (refitting first if the data grew by a fifth)."""
         if self._model is None or len(self.fitness) >= self.fitted_on * REFIT_GROWTH + 1:
             self._fit(len(self.fitness))
         return [float(v) for v in self._model.predict(self._matrix(candidates))]
+
+    def predict_log_seconds(self, candidates: list[dict[str, float]]) -> list[float] | None:
+        """Predicted log10 seconds of evaluating each candidate, by the model of the last fit
+        (`predict` refits); None while fewer than `min_results` were measured or cost is not
+        modelled."""
+        if self._cost_model is None:
+            return None
+        return [float(v) for v in self._cost_model.predict(self._matrix(candidates))]
 
     def _fit(self, n: int) -> None:
         own = _finite_range(self.fitness[i] for i in range(n) if self.sources[i] == 0) or (0.0, 1.0)
@@ -198,10 +225,21 @@ class Surrogate:
                 target[i] = own[0] + (own[1] - own[0]) * scaled if math.isfinite(scaled) else own[0]
         target = [t if math.isfinite(t) else own[0] for t in target]  # this run's failures: its worst
         self._columns = sorted({key for row in self.features[:n] for key in row})
-        _, settings = SURROGATES[self.kind]
-        self._model = _regressor_class(self.kind)(**settings, random_state=self.random_seed)
+        self._model = self._regressor()
         self._model.fit(self._matrix(self.features[:n]), target)
         self.fitted_on = n
+        scored = [t for t, f in zip(target, self.fitness[:n], strict=True) if math.isfinite(f)]
+        self.spread = statistics.pstdev(scored) if scored else 0.0
+        measured = [i for i in range(n) if self.log_seconds[i] is not None]
+        self._cost_model = None
+        if self.models_cost and len(measured) >= self.min_results:
+            self._cost_model = self._regressor()
+            rows = self._matrix([self.features[i] for i in measured])
+            self._cost_model.fit(rows, [self.log_seconds[i] for i in measured])
+
+    def _regressor(self) -> Any:
+        _, settings = SURROGATES[self.kind]
+        return _regressor_class(self.kind)(**settings, random_state=self.random_seed)
 
     def _matrix(self, rows: list[dict[str, float]]) -> list[list[float]]:
         return [[row.get(key, 0.0) for key in self._columns] for row in rows]
@@ -212,6 +250,7 @@ class Surrogate:
             "features": self.features,
             "fitness": [None if f == -math.inf else f for f in self.fitness],
             "sources": self.sources,
+            "log_seconds": self.log_seconds,
             "pairs": [[p, None if m == -math.inf else m] for p, m in self.pairs],
             "fitted_on": self.fitted_on,
         }
@@ -220,6 +259,8 @@ class Surrogate:
         self.features = [dict(row) for row in state["features"]]
         self.fitness = [-math.inf if f is None else float(f) for f in state["fitness"]]
         self.sources = [int(x) for x in state["sources"]]
+        # a checkpoint written before cost was modelled measured nothing
+        self.log_seconds = list(state.get("log_seconds", [None] * len(self.sources)))
         self.pairs = [(float(p), -math.inf if m is None else float(m)) for p, m in state["pairs"]]
         self._model = None
         if state["fitted_on"]:

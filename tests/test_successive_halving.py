@@ -55,6 +55,7 @@ def drive(
     stop_after: int | None = None,
     partial=lambda c: False,
     score=fitness,
+    seconds=lambda c: None,
 ):
     """Ask/tell with up to `in_flight` outstanding, oldest told first; returns the asked candidates."""
     asked, outstanding = [], list(s.pending())
@@ -65,7 +66,7 @@ def drive(
         if not outstanding:
             break
         c = outstanding.pop(0)
-        s.tell(c.id, score(c.tree, c.fidelity), partial=partial(c))
+        s.tell(c.id, score(c.tree, c.fidelity), partial=partial(c), seconds=seconds(c))
     return asked
 
 
@@ -150,12 +151,18 @@ def test_a_rung_at_0_epochs_screens_before_training_and_is_not_continued_from():
 
 
 def test_the_wrapped_strategy_hears_only_the_lowest_rung():
+    """Its fitness and its seconds (what a strategy that weighs cost learns from)."""
     s = wrapped()
     heard = []
     original = s.base.tell
-    s.base.tell = lambda i, f, partial=False: (heard.append(f), original(i, f, partial=partial))
-    asked = drive(s)
-    lowest = [fitness(c.tree, 1) for c in asked if c.origin != "promotion"]
+
+    def tell(i, f, partial=False, seconds=None):
+        heard.append((f, seconds))
+        original(i, f, partial=partial, seconds=seconds)
+
+    s.base.tell = tell
+    asked = drive(s, seconds=lambda c: 100.0 * c.fidelity + c.id)
+    lowest = [(fitness(c.tree, 1), 100.0 + c.id) for c in asked if c.origin != "promotion"]
     assert sorted(heard) == sorted(lowest) and len(heard) == s.evaluations
     assert any(c.fidelity == 9 for c in asked)
 
