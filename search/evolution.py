@@ -15,9 +15,10 @@ from typing import Any
 from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
 from einspace.sampling.variation import mutation_weights
+from einspace.search.screening import Screen
 from einspace.search.strategy import Candidate, SearchSpace, Strategy, _positive_int, register_strategy
-from einspace.search.surrogate import Surrogate, tree_features
-from einspace.tree import Node, content_hash
+from einspace.search.surrogate import Surrogate
+from einspace.tree import Node
 
 #: How often a failed mutation (e.g. a minimal tree with nothing to change) is retried with a new
 #: tournament before falling back to a fresh sample, so one awkward parent cannot stall the search.
@@ -93,14 +94,9 @@ class RegularisedEvolution(Strategy):
     screened the same way once the surrogate is ready: from the first candidate when it is
     warm-started from earlier runs (`einspace.search.warm_start`), each the best of k samples.
 
-    With `screen_cost` c > 0 the screen also weighs what a proposal would cost: it ranks by
-    predicted fitness minus c x (the spread of the run's results) x log10(predicted seconds), the
-    seconds learnt from the run's own measured evaluations (`Surrogate.predict_log_seconds`). So a
-    tenfold costlier proposal must be predicted c standard deviations fitter to be chosen: among
-    proposals the surrogate cannot tell apart, the cheaper is trained, and a population that
-    drifts to expensive networks is pulled back unless they pay. Scaling by the spread makes c mean
-    the same on tasks whose accuracies differ; the cost counts once `surrogate_min_results`
-    evaluations were measured.
+    With `screen_cost` c > 0 the screen also weighs cost (`einspace.search.screening`): a
+    proposal predicted ten times costlier, in seconds learnt from the run's own evaluations, must
+    be predicted c standard deviations of the run's results fitter to be chosen.
 
     Inside successive halving that passes on later rungs (`hear_promotion`), a member's fitness
     becomes its result at the highest rung it reached, and a member that reached a higher rung wins
@@ -141,15 +137,15 @@ class RegularisedEvolution(Strategy):
         self.screen = _positive_int("screen", screen)
         min_results = _positive_int("surrogate_min_results", surrogate_min_results, minimum=2)
         self.screen_cost = _cost_weight(screen_cost, self.screen)
-        self.surrogate = (
-            Surrogate(surrogate, random_seed, min_results, cost=self.screen_cost > 0)
+        self.screening = (
+            Screen(
+                Surrogate(surrogate, random_seed, min_results, cost=self.screen_cost > 0),
+                space,
+                self.screen_cost,
+            )
             if self.screen > 1
             else None
         )
-        self._seconds: dict[int, float] = {}  # id -> measured seconds, heard with its result
-        self._features: dict[int, dict[str, float]] = {}  # id -> features, of candidates not told yet
-        self._predicted: dict[int, float] = {}  # id -> predicted fitness, of screened candidates
-        self._known: set[str] = set()  # hashes of the trees asked for so far (screening prefers others)
         self.population_size = _positive_int("population", population)
         self.tournament_size = _positive_int("tournament", tournament)
         self.crossover = _probability("crossover", crossover)
@@ -182,33 +178,24 @@ class RegularisedEvolution(Strategy):
             # no draw without immigrants: a run's random stream stays what it was before them
             immigrant = self.immigrants and self.rng.random() < self.immigrants
             propose = self._sample if immigrant else self._vary
-        if self.surrogate is None or not self.surrogate.ready:
+        if self.screening is None or not self.screening.surrogate.ready:
             return propose()[:3]
-        return self._screened([propose() for _ in range(self.screen)])
+        return self.screening.pick([propose() for _ in range(self.screen)], self.next_id)[:3]
+
+    @property
+    def surrogate(self) -> Surrogate | None:
+        """The screen's model of fitness (None: nothing is screened)."""
+        return self.screening.surrogate if self.screening is not None else None
+
+    @surrogate.setter
+    def surrogate(self, surrogate: Surrogate) -> None:
+        assert self.screening is not None, "a strategy that screens nothing has no surrogate"
+        self.screening.surrogate = surrogate
 
     def _sample(self) -> tuple[Node, str, tuple[int, ...], CheckedTree | None]:
         """A fresh sample (no check made): an initial candidate, an immigrant, or a child when no
         mutation works."""
         return self.sampler.sample(), "sampled", (), None
-
-    def _screened(
-        self, proposals: list[tuple[Node, str, tuple[int, ...], CheckedTree | None]]
-    ) -> tuple[Node, str, tuple[int, ...]]:
-        """The proposal the surrogate ranks best (its features and prediction kept for the result)."""
-        assert self.surrogate is not None
-        features = [self._features_of(tree, checked) for tree, _, _, checked in proposals]
-        predicted = self.surrogate.predict(features)
-        score = predicted
-        log_seconds = self.surrogate.predict_log_seconds(features) if self.screen_cost else None
-        if log_seconds is not None:
-            weight = self.screen_cost * self.surrogate.spread
-            score = [p - weight * s for p, s in zip(predicted, log_seconds, strict=True)]
-        hashes = [content_hash(tree) for tree, _, _, _ in proposals]
-        # a tree already proposed would only be served from the cache: new ones first
-        best = max(range(len(proposals)), key=lambda i: (hashes[i] not in self._known, score[i], -i))
-        self._features[self.next_id], self._predicted[self.next_id] = features[best], predicted[best]
-        self._known.add(hashes[best])
-        return proposals[best][:3]
 
     def _vary(self) -> tuple[Node, str, tuple[int, ...], CheckedTree | None]:
         """A child of tournament winners: a crossover (with probability `crossover`) or a mutation,
@@ -256,25 +243,16 @@ class RegularisedEvolution(Strategy):
                     members[i] = (member, tree, float(fitness))
                     self.rung_of[member] = rung
 
-    def _features_of(self, tree: Node, checked: CheckedTree | None = None) -> dict[str, float]:
-        return tree_features(tree, self.space.grammar, self.space.input, checked)
-
     def tell(
         self, candidate_id: int, fitness: float, partial: bool = False, seconds: float | None = None
     ) -> None:
-        if seconds is not None and self.surrogate is not None and math.isfinite(fitness):
-            self._seconds[candidate_id] = seconds
+        if seconds is not None and self.screening is not None and math.isfinite(fitness):
+            self.screening.measured(candidate_id, seconds)
         super().tell(candidate_id, fitness, partial)
 
     def _observe(self, candidate: Candidate, fitness: float) -> None:
-        if self.surrogate is not None:
-            features = self._features.pop(candidate.id, None)
-            if features is None:
-                features = self._features_of(self.tree_of(candidate.id, candidate.tree))
-            self.surrogate.add(features, fitness, seconds=self._seconds.pop(candidate.id, None))
-            self._known.add(candidate.hash)
-            if candidate.id in self._predicted:
-                self.surrogate.pairs.append((self._predicted.pop(candidate.id), fitness))
+        if self.screening is not None:
+            self.screening.observe(candidate, fitness, lambda: self.tree_of(candidate.id, candidate.tree))
         self.population.append((candidate.id, candidate.tree, fitness))
         while len(self.population) > self.population_size:  # more than one after the kept rejoined
             dead = self.population.pop(0)[0]
@@ -324,24 +302,19 @@ class RegularisedEvolution(Strategy):
             "rung_of": sorted(self.rung_of.items()),
             "restart": self._restart_state(),
         }
-        if self.surrogate is not None:
-            predicted = sorted(self._predicted.items())
-            known = sorted(self._known)
-            state["surrogate"] = {**self.surrogate.state_dict(), "predicted": predicted, "known": known}
+        if self.screening is not None:
+            state["surrogate"] = self.screening.state_dict()
         return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self.population = _members(state["population"])
         self.rung_of = {int(i): int(r) for i, r in state.get("rung_of", [])}  # absent before 2026-11
         self._load_restart_state(state)
-        self._features = {}  # features are recomputed from the trees when needed
-        if self.surrogate is not None:
+        if self.screening is not None:
             saved = state.get("surrogate")
             if saved is None:
                 raise EinspaceError("checkpoint has no surrogate: was the strategy setting 'screen' changed?")
-            self.surrogate.load_state_dict(saved)
-            self._predicted = {int(i): float(p) for i, p in saved["predicted"]}
-            self._known = set(saved["known"])
+            self.screening.load_state_dict(saved)
 
 
 def _probability(name: str, value: Any) -> float:

@@ -172,15 +172,26 @@ def _restart_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 
 def _surrogate_rows(checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """The surrogate's rank correlation on the results it screened before they were trained."""
-    from einspace.search.surrogate import rank_correlation, screened_pairs
+    """The surrogate's rank correlation on the results it screened before they were trained, and
+    its cost model's where cost counted."""
+    from einspace.search.surrogate import screened_pairs
 
     pairs = screened_pairs(checkpoint)
     if pairs is None:
         return []
+    rows = [("surrogate rank correlation (Spearman, screened results)", _correlation(pairs))]
+    cost = screened_pairs(checkpoint, seconds=True)
+    if cost is not None:
+        rows.append(("its cost model's rank correlation (Spearman, seconds)", _correlation(cost)))
+    return rows
+
+
+def _correlation(pairs: list[tuple[float, float]]) -> str:
+    from einspace.search.surrogate import rank_correlation
+
     rho = rank_correlation(pairs)
     value = "not yet (fewer than 3 screened results)" if math.isnan(rho) else f"{rho:.2f}"
-    return [("surrogate rank correlation (Spearman, screened results)", f"{value} over {len(pairs)}")]
+    return f"{value} over {len(pairs)}"
 
 
 def _stats(tree: str, run: SearchRun) -> str:

@@ -24,7 +24,8 @@ so the cost is the run's own, on its device and at its fidelity, not a guess fro
 
 How well it ranks is measured on results it had not seen: each screened candidate's prediction is
 kept and, when its result comes back, paired with it; `rank_correlation` (Spearman) of the pairs
-is what `einspace report` prints.
+is what `einspace report` prints, and likewise of the predicted and measured seconds where cost
+counted.
 """
 
 from __future__ import annotations
@@ -119,13 +120,18 @@ def _width(state: FeatureState) -> int:
     return state.shape[0] if state.mode == "im" else state.shape[-1]
 
 
-def screened_pairs(checkpoint: dict[str, Any] | None) -> list[tuple[float, float]] | None:
+def screened_pairs(
+    checkpoint: dict[str, Any] | None, seconds: bool = False
+) -> list[tuple[float, float]] | None:
     """The (predicted, measured) fitness of every child a run's surrogate screened, in the order
     they came back (a failed one measured -inf), from its checkpoint (a wrapped strategy's state is
-    under `base`); None when the run screens nothing."""
+    under `base`); None when the run screens nothing. `seconds`: the log10 seconds of those
+    screened while cost counted instead (None also when no cost was ever predicted)."""
     state = saved_state(checkpoint, "surrogate")
     if state is None:
         return None
+    if seconds:
+        return [(p, m) for p, m in state["surrogate"].get("cost_pairs", [])] or None
     return [(p, -math.inf if m is None else m) for p, m in state["surrogate"]["pairs"]]
 
 
@@ -178,6 +184,7 @@ class Surrogate:
         self.sources: list[int] = []  # 0: this run; 1, 2, ...: the runs it was warm-started from
         self.log_seconds: list[float | None] = []  # log10 of what each took, where measured here
         self.pairs: list[tuple[float, float]] = []
+        self.cost_pairs: list[tuple[float, float]] = []  # (predicted, measured) log10 seconds, screened
         self._model: Any = None
         self._cost_model: Any = None  # None until `min_results` measured results are in
         self._columns: list[str] = []
@@ -252,6 +259,7 @@ class Surrogate:
             "sources": self.sources,
             "log_seconds": self.log_seconds,
             "pairs": [[p, None if m == -math.inf else m] for p, m in self.pairs],
+            "cost_pairs": self.cost_pairs,
             "fitted_on": self.fitted_on,
         }
 
@@ -262,6 +270,7 @@ class Surrogate:
         # a checkpoint written before cost was modelled measured nothing
         self.log_seconds = list(state.get("log_seconds", [None] * len(self.sources)))
         self.pairs = [(float(p), -math.inf if m is None else float(m)) for p, m in state["pairs"]]
+        self.cost_pairs = [(float(p), float(m)) for p, m in state.get("cost_pairs", [])]
         self._model = None
         if state["fitted_on"]:
             self._fit(int(state["fitted_on"]))

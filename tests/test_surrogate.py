@@ -213,6 +213,7 @@ def test_the_report_prints_the_rank_correlation(tmp_path):
     rho = rank_correlation(pairs)
     expected = f"surrogate rank correlation (Spearman, screened results): {rho:.2f} over {len(pairs)}"
     assert len(pairs) == 30 - 10 and expected in text
+    assert "cost model" not in text  # cost did not count: nothing to say about it
 
 
 def finished_run(run_dir, **changes):
