@@ -11,7 +11,8 @@ import statistics
 
 import pytest
 from search_helpers import SCREENED, experiment, run_to_the_end
-from test_surrogate import SPACE, fitness
+from test_surrogate import SPACE
+from test_surrogate import run as screened_run
 
 from einspace.errors import EinspaceError
 from einspace.search.report import report
@@ -25,19 +26,11 @@ def seconds(tree: str) -> float:
     return 0.001 * 10 ** (tree.count("(C ") / 4)
 
 
-def run(screen_cost: float, seed: int = 0, evaluations: int = 80, stop_after=None, state=None, measured=True):
-    settings = {"evaluations": evaluations, "population": 12, "tournament": 3, "screen": 6}
-    settings.update(surrogate_min_results=15, screen_cost=screen_cost)
-    s = get_strategy("regularised_evolution", SPACE, seed, settings)
-    if state is not None:
-        s.load_state_dict(json.loads(json.dumps(state)))
-    asked = []
-    while not s.done and (stop_after is None or len(asked) < stop_after):
-        c = s.ask()
-        asked.append(c)
-        f = fitness(c.tree)
-        s.tell(c.id, f, seconds=seconds(c.tree) if measured and math.isfinite(f) else None)
-    return s, asked
+def run(screen_cost: float, seed: int = 0, evaluations: int = 80, measured: bool = True, **kwargs):
+    """Screening 6 proposals per child with cost weighed by `screen_cost`, each scored result's
+    `seconds` told where `measured`."""
+    timing = seconds if measured else None
+    return screened_run(6, seed, evaluations, seconds=timing, screen_cost=screen_cost, **kwargs)
 
 
 def test_the_cost_model_learns_log_seconds_from_measured_results_only():

@@ -36,16 +36,26 @@ def fitness(tree: str) -> float:
     return tree.count("norm") + 0.5 * tree.count("leaky_relu") - len(tree) / 400
 
 
-def run(screen: int, seed: int = 0, evaluations: int = 120, stop_after: int | None = None, state=None):
-    settings = {"evaluations": evaluations, "population": 12, "tournament": 3, "screen": screen}
-    s = get_strategy("regularised_evolution", SPACE, seed, {**settings, "surrogate_min_results": 15})
+def run(
+    screen: int,
+    seed: int = 0,
+    evaluations: int = 120,
+    stop_after: int | None = None,
+    state=None,
+    seconds=None,
+    **settings,
+):
+    """Ask and tell one at a time; `seconds(tree)`, where given, is what a scored result took."""
+    settings = {"evaluations": evaluations, "population": 12, "tournament": 3, "screen": screen, **settings}
+    s = get_strategy("regularised_evolution", SPACE, seed, {"surrogate_min_results": 15, **settings})
     if state is not None:
         s.load_state_dict(json.loads(json.dumps(state)))
     asked = []
     while not s.done and (stop_after is None or len(asked) < stop_after):
         c = s.ask()
         asked.append(c)
-        s.tell(c.id, fitness(c.tree))
+        f = fitness(c.tree)
+        s.tell(c.id, f, seconds=seconds(c.tree) if seconds is not None and math.isfinite(f) else None)
     return s, asked
 
 
