@@ -36,6 +36,11 @@ def fitness(tree: str) -> float:
     return tree.count("norm") + 0.5 * tree.count("leaky_relu") - len(tree) / 400
 
 
+def seconds(tree: str) -> float:
+    """A stand-in for what evaluating a tree takes: tenfold per four computations."""
+    return 0.001 * 10 ** (tree.count("(C ") / 4)
+
+
 def run(
     screen: int,
     seed: int = 0,
@@ -172,11 +177,13 @@ def test_screening_prefers_trees_not_proposed_before():
         assert not [h for i, h in enumerate(hashes) if i >= 15 and h in hashes[:i]]
 
 
-@pytest.mark.parametrize("stop_after", [10, 33])
-def test_a_screened_run_resumes_exactly(stop_after):
-    _, whole = run(4, evaluations=45)
-    first, head = run(4, evaluations=45, stop_after=stop_after)
-    _, tail = run(4, evaluations=45, state=first.state_dict())
+@pytest.mark.parametrize(("stop_after", "screen_cost"), [(10, 0), (33, 0), (10, 1), (37, 1)])
+def test_a_screened_run_resumes_exactly(stop_after, screen_cost):
+    """Weighing cost too (`screen_cost`): the cost model is refitted on load like the other."""
+    timed = {"seconds": seconds, "screen_cost": screen_cost} if screen_cost else {}
+    _, whole = run(4, evaluations=50, **timed)
+    first, head = run(4, evaluations=50, stop_after=stop_after, **timed)
+    _, tail = run(4, evaluations=50, state=first.state_dict(), **timed)
     assert [c.tree for c in head + tail] == [c.tree for c in whole]
 
 
