@@ -8,14 +8,12 @@ the sequential algorithm.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from einspace.checker import CheckedTree
 from einspace.errors import EinspaceError
 from einspace.sampling.variation import mutation_weights
-from einspace.search.screening import Screen
+from einspace.search.screening import Proposal, Screen
 from einspace.search.strategy import Candidate, SearchSpace, Strategy, _positive_int, register_strategy
 from einspace.search.surrogate import Surrogate
 from einspace.tree import Node
@@ -136,13 +134,9 @@ class RegularisedEvolution(Strategy):
         super().__init__(space, random_seed, evaluations)
         self.screen = _positive_int("screen", screen)
         min_results = _positive_int("surrogate_min_results", surrogate_min_results, minimum=2)
-        self.screen_cost = _cost_weight(screen_cost, self.screen)
+        cost_weight = _cost_weight(screen_cost, self.screen)
         self.screening = (
-            Screen(
-                Surrogate(surrogate, random_seed, min_results, cost=self.screen_cost > 0),
-                space,
-                self.screen_cost,
-            )
+            Screen(Surrogate(surrogate, random_seed, min_results, cost=cost_weight > 0), space, cost_weight)
             if self.screen > 1
             else None
         )
@@ -187,17 +181,12 @@ class RegularisedEvolution(Strategy):
         """The screen's model of fitness (None: nothing is screened)."""
         return self.screening.surrogate if self.screening is not None else None
 
-    @surrogate.setter
-    def surrogate(self, surrogate: Surrogate) -> None:
-        assert self.screening is not None, "a strategy that screens nothing has no surrogate"
-        self.screening.surrogate = surrogate
-
-    def _sample(self) -> tuple[Node, str, tuple[int, ...], CheckedTree | None]:
+    def _sample(self) -> Proposal:
         """A fresh sample (no check made): an initial candidate, an immigrant, or a child when no
         mutation works."""
         return self.sampler.sample(), "sampled", (), None
 
-    def _vary(self) -> tuple[Node, str, tuple[int, ...], CheckedTree | None]:
+    def _vary(self) -> Proposal:
         """A child of tournament winners: a crossover (with probability `crossover`) or a mutation,
         with its check when variation made one."""
         if self.crossover and len(self.population) > 1 and self.rng.random() < self.crossover:
@@ -246,7 +235,7 @@ class RegularisedEvolution(Strategy):
     def tell(
         self, candidate_id: int, fitness: float, partial: bool = False, seconds: float | None = None
     ) -> None:
-        if seconds is not None and self.screening is not None and math.isfinite(fitness):
+        if seconds is not None and self.screening is not None:
             self.screening.measured(candidate_id, seconds)
         super().tell(candidate_id, fitness, partial)
 

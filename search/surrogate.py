@@ -201,11 +201,13 @@ class Surrogate:
         self, features: dict[str, float], fitness: float, source: int = 0, seconds: float | None = None
     ) -> None:
         """One result: its tree's features, fitness, which run it is from, and the seconds it took
-        (None: not measured, or nothing to learn a cost from)."""
+        (None: not measured). Only a scored result's seconds are a cost: a failure's are how long
+        it took to fail."""
         self.features.append(features)
         self.fitness.append(fitness)
         self.sources.append(source)
-        self.log_seconds.append(math.log10(max(seconds, _SHORTEST_S)) if seconds is not None else None)
+        measured = seconds is not None and math.isfinite(fitness)
+        self.log_seconds.append(math.log10(max(seconds, _SHORTEST_S)) if measured else None)
 
     def predict(self, candidates: list[dict[str, float]]) -> list[float]:
         """Predicted fitness of each candidate (refitting first if the data grew by a fifth)."""

@@ -29,7 +29,7 @@ def run(screen_cost: float, seed: int = 0, evaluations: int = 80, measured: bool
 
 
 def test_the_cost_model_learns_log_seconds_from_measured_results_only():
-    """Rows without seconds (failures, the cache, warm starts) are not cost data: below
+    """Rows without seconds (the cache, warm starts) and failures are not cost data: below
     `min_results` measured rows there is no cost model, however many results there are."""
     rng = random.Random(0)
     s = Surrogate(min_results=10, cost=True)
@@ -44,9 +44,11 @@ def test_the_cost_model_learns_log_seconds_from_measured_results_only():
     s.predict([{"x": 1.0}])
     low, mid, high = s.predict_log_seconds([{"x": 0.2}, {"x": 1.5}, {"x": 2.8}])
     assert low < mid < high and low == pytest.approx(0.2, abs=0.5) and high == pytest.approx(2.8, abs=0.5)
-    # a clock's zero is its resolution, not free
+    # a clock's zero is its resolution, not free; a failure's seconds are no cost
     s.add({"x": 0.0}, 0.5, seconds=0.0)
     assert s.log_seconds[-1] == -3
+    s.add({"x": 3.0}, -math.inf, seconds=1000.0)
+    assert s.log_seconds[-1] is None
     assert Surrogate(min_results=10).models_cost is False  # not asked for: never fitted
 
 
@@ -69,7 +71,7 @@ def test_weighing_cost_trains_cheaper_children():
     """Children after the surrogate is ready: the heavier the weight, the cheaper; without a
     weight, the seconds heard change nothing."""
     costs = {}
-    for weight in (0, 2):  # one seed may go either way; three went 0.58 decades cheaper on average
+    for weight in (0, 2):  # one seed may go either way; three went 0.5 decades cheaper on average
         logs = [math.log10(seconds(c.tree)) for seed in range(3) for c in run(weight, seed)[1][30:]]
         costs[weight] = statistics.mean(logs)
     assert costs[2] < costs[0] - 0.3
@@ -103,7 +105,7 @@ def test_a_tenfold_cost_must_be_predicted_weight_times_spread_fitter(gain, chose
     fitter."""
     s = get_strategy("regularised_evolution", SPACE, 0, {"screen": 2, "screen_cost": 2})
     proposals = [(s.sampler.sample(), "sampled", (), None) for _ in range(2)]
-    s.surrogate = Foretold([0.5, 0.5 + gain], [-1.0, 0.0], spread=0.1)
+    s.screening.surrogate = Foretold([0.5, 0.5 + gain], [-1.0, 0.0], spread=0.1)
     assert s.screening.pick(proposals, 7) is proposals[chosen]
     assert s.screening.state_dict()["predicted_cost"] == [(7, [-1.0, 0.0][chosen])]
 
@@ -120,14 +122,18 @@ def test_cost_counts_only_once_enough_evaluations_were_measured():
 
 
 def test_a_checkpoint_from_before_cost_was_modelled_loads():
-    s, _ = run(0, evaluations=30)
+    s, _ = run(1, evaluations=60, stop_after=50)
+    s.ask()  # in flight at the checkpoint, with its predicted seconds
     state = json.loads(json.dumps(s.state_dict()))
-    del state["surrogate"]["log_seconds"]
-    resumed = get_strategy(
-        "regularised_evolution", SPACE, 0, {"evaluations": 30, "population": 12, "screen": 6}
-    )
+    assert state["surrogate"]["cost_pairs"] and state["surrogate"]["predicted_cost"]
+    for key in ("log_seconds", "cost_pairs"):
+        del state["surrogate"][key]
+    del state["surrogate"]["predicted_cost"]
+    settings = {"evaluations": 60, "population": 12, "screen": 6, "screen_cost": 1}
+    resumed = get_strategy("regularised_evolution", SPACE, 0, settings)
     resumed.load_state_dict(state)
-    assert resumed.surrogate.log_seconds == [None] * 30
+    assert resumed.surrogate.log_seconds == [None] * 50 and resumed.surrogate.cost_pairs == []
+    assert resumed.screening.state_dict()["predicted_cost"] == []
 
 
 @pytest.mark.parametrize(
@@ -154,10 +160,11 @@ def test_the_search_loop_tells_measured_seconds_of_scored_evaluations_only(tmp_p
         tmp_path / "run",
         {**SCREENED, "settings": settings},
         evaluator={"name": "test_faulty", "settings": {"every": 4}},
+        seeds=["resnet_small"],  # the initial population is the seed again and again: cached
     )
     _, strategy = run_to_the_end(e)
     records = SQLiteStore(tmp_path / "run" / "search.sqlite").history()
-    assert {r.status for r in records} >= {Status.FAILED, Status.OK}
+    assert {r.status for r in records} == {Status.FAILED, Status.OK, Status.CACHED}
     told = [math.log10(max(r.seconds, 1e-3)) if r.status == Status.OK else None for r in records]
     assert strategy.surrogate.log_seconds == told
     pairs = strategy.surrogate.cost_pairs

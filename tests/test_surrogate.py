@@ -60,7 +60,7 @@ def run(
         c = s.ask()
         asked.append(c)
         f = fitness(c.tree)
-        s.tell(c.id, f, seconds=seconds(c.tree) if seconds is not None and math.isfinite(f) else None)
+        s.tell(c.id, f, seconds=seconds(c.tree) if seconds is not None else None)
     return s, asked
 
 
@@ -204,7 +204,7 @@ def test_gradient_boosting_is_the_default_and_random_forest_screens_too():
     assert get_strategy("regularised_evolution", SPACE, 0, settings).surrogate.kind == "gradient_boosting"
     s = get_strategy("regularised_evolution", SPACE, 0, {**settings, "surrogate": "random_forest"})
     assert s.surrogate.kind == "random_forest"
-    s.surrogate = Surrogate("random_forest", 0, 10)
+    s.screening.surrogate = Surrogate("random_forest", 0, 10)
     while not s.done:
         c = s.ask()
         s.tell(c.id, fitness(c.tree))
