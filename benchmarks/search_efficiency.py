@@ -73,6 +73,12 @@ have spent it. Methods, each from scratch and seeded:
           look straight to three epochs. With promotions that continue, a 1-epoch result is a
           snapshot early in the 8-epoch schedule; it scored below the look itself and ranked trees
           worse than the look did on the kept RE+all0+p6wRGK runs (`einspace report` prints both).
+- RE+all0+p63wRGK (from scratch only): RE+all0+p6wRGK promoting the best sixth of the looks and
+          then the best third of each trained rung (`eta: [6, 3, 3]`, ETAS_LOOK_SELECTIVE). With
+          eta 6 at every rung the first tree trains at 8 epochs after 216 looks, and in 7 of the
+          12 digits searches of seeds 12-23 none did within the minute: their best was a 1- or
+          3-epoch snapshot. Trained rungs triple their epochs, so promoting a third of each
+          spends about as much on every rung (the rule behind successive halving's eta).
 - RE+M, RE+SH+M (from scratch only): RE and RE+SH with the mutation operators insert and remove
           beside subtree, weighed alike (`mutations`; README, "Mutation operators").
 - RE+S+T, RE+S+T2, RE+SH+S+T (transfer, no seed architecture in the search): RE+S (RE+SH+S)
@@ -216,6 +222,9 @@ MUTATIONS = (("subtree", 1.0), ("insert", 1.0), ("remove", 1.0))  # +M: every op
 SURROGATE_MIN_RESULTS = 20  # screened methods: plain RE until this many results are in
 ETA_WIDE = 9  # +eta9: successive halving promotes the best ninth, so more is spent on new trees
 ETA_SELECTIVE = 6  # +p6: the best sixth of each rung is promoted, over eta 3's rungs
+#: +p63: the best sixth of the looks, then the best third of each trained rung (whose epochs grow
+#: threefold), so the first tree reaches the top after 54 looks instead of 216
+ETAS_LOOK_SELECTIVE = (ETA_SELECTIVE, HALVING["eta"], HALVING["eta"])
 WINDOW = 36  # +p6w: ... of its last 36 results
 MIN_PARAMS = 1000  # RE+all0+p6w: no tree of fewer parameters is sampled or made by mutation
 WIDE = (("population", 48), ("tournament", 12))  # +P: RE's population and tournament, 3x the recipe's
@@ -326,7 +335,7 @@ class Method:
     transfer: tuple[str, ...] = ()  # the surrogate starts from these methods' searches on TRANSFER_SOURCE
     first_rung: int = 1  # successive halving's lowest rung: 0 looks at the untrained network first
     strategy_fitness: str = "lowest_rung"  # highest_rung: RE hears promotions' results too
-    eta: int = HALVING["eta"]  # successive halving promotes the best 1/eta of each rung
+    eta: int | tuple[int, ...] = HALVING["eta"]  # successive halving promotes the best 1/eta of each rung
     rung_eta: int | None = None  # the rungs of this eta (1, 3, 8), promotions by `eta` (None: the same)
     rungs: tuple[int, ...] | None = None  # explicit rungs, instead of those of first_rung and rung_eta
     window: int | None = None  # promotions rank a result among its rung's last `window` (None: all)
@@ -411,6 +420,7 @@ METHODS = {
         ALL0_P6W_RGK, evolution=(*ALL0_P6W_RGK.evolution, ("screen_cost", SCREEN_COST))
     ),
     "RE+all03+p6wRGK": replace(ALL0_P6W_RGK, rungs=RUNGS_NO_EPOCH_1),
+    "RE+all0+p63wRGK": replace(ALL0_P6W_RGK, eta=ETAS_LOOK_SELECTIVE),
     "RE+all0+p6wRGKL": replace(ALL0_P6W_RGK, look_examples=LOOK_EXAMPLES),
     "RE+all0+p6wL": replace(ALL0_P6W, look_examples=LOOK_EXAMPLES),
     "RE+all0+p6wRGL": replace(ALL0_P6W, evolution=_restarting(growth=2), look_examples=LOOK_EXAMPLES),
@@ -507,7 +517,7 @@ def experiment(job: Job, run_dir: Path, warm_start: tuple[str, ...] = ()) -> dic
                 "multi_fidelity": {
                     **HALVING,
                     "min_fidelity": method.first_rung,
-                    "eta": method.eta,
+                    "eta": method.eta if isinstance(method.eta, int) else list(method.eta),
                     **({"rungs": list(rungs)} if (rungs := method.explicit_rungs) else {}),
                     "strategy_fitness": method.strategy_fitness,
                     "window": method.window,
@@ -1126,6 +1136,7 @@ def recipe(
         "+H": {"strategy_fitness": "highest_rung"},
         "+eta9": {"eta": ETA_WIDE, "rungs": default_rungs(0, EPOCHS, ETA_WIDE)},
         "+p6": {"eta": ETA_SELECTIVE, "rungs": "RE+SH's or RE+SH0's"},
+        "+p63": {"eta": list(ETAS_LOOK_SELECTIVE)},
         "+p6w, +p3w": {"window": WINDOW},
         "RE+all+p6, RE+all0+p6w*, RE+all0+p3w": {"min_params": MIN_PARAMS},
         **{m: dict(method.evolution) for m, method in METHODS.items() if method.evolution},

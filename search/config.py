@@ -143,7 +143,7 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
         hint, value = hints[key.name], data[key.name]
         if is_dataclass(hint):
             value = _build(hint, value)
-        elif value is not None and any(get_origin(m) is tuple for m in _members(hint)):
+        elif isinstance(value, list) and any(get_origin(m) is tuple for m in _members(hint)):
             value = tuple(value)
         values[key.name] = value
     return cls(**values)
@@ -188,7 +188,7 @@ class MultiFidelitySection:
     the evaluator can), so a run stores what it used."""
 
     scheduler: str = "none"  # none | successive_halving (einspace.search.successive_halving)
-    eta: int = 3  # the best 1/eta of each rung is promoted
+    eta: int | tuple[int, ...] = 3  # the best 1/eta of each rung is promoted (or one per rung below the top)
     window: int | None = None  # ...of its last `window` results (None: of all, as ASHA)
     min_fidelity: int = 1  # the lowest rung (epochs, for the training evaluator; 0: untrained)
     max_fidelity: int | None = None  # the top rung; None: the evaluator's own (its epochs)
@@ -227,6 +227,11 @@ class MultiFidelitySection:
             rungs, key = list(self.rungs), "multi_fidelity.rungs"
         else:
             top = self.max_fidelity if self.max_fidelity is not None else full
+            if not isinstance(self.eta, int):
+                raise ConfigError(
+                    f"{source}: multi_fidelity.eta: a list of etas (one per rung below the top) needs "
+                    f"explicit multi_fidelity.rungs; got eta {list(self.eta)} without them"
+                )
             rungs, key = default_rungs(self.min_fidelity, top, self.eta), "multi_fidelity.max_fidelity"
         if rungs[-1] > full:
             raise ConfigError(f"{source}: {key}: the top rung {rungs[-1]} is above {setting} ({full})")
@@ -496,24 +501,25 @@ def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> None:
 def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
     """The scheduler's name and numbers, before anything is loaded (their fit to the evaluator's
     fidelity is `MultiFidelitySection.resolved`)."""
-    from einspace.search.successive_halving import STRATEGY_FITNESS, rungs_problem
+    from einspace.search.successive_halving import STRATEGY_FITNESS, eta_problem, rungs_problem
 
     choices = {"scheduler": SCHEDULERS, "promotion": PROMOTIONS, "strategy_fitness": STRATEGY_FITNESS}
     for key, names in choices.items():
         if m[key] not in names and m[key] is not None:  # None: promotion resolved later
             known = " or ".join(repr(name) for name in names)
             raise ConfigError(f"{source}: multi_fidelity.{key} must be {known}, got {m[key]!r}")
-    if m["eta"] < 2:
-        raise ConfigError(
-            f"{source}: multi_fidelity.eta must be an integer >= 2 (the best 1/eta of a rung is "
-            f"promoted), got {m['eta']!r}"
-        )
-    for key, least in (("min_fidelity", 0), ("max_fidelity", 1), ("window", m["eta"])):
-        if m[key] is not None and m[key] < least:
-            raise ConfigError(f"{source}: multi_fidelity.{key} must be an integer >= {least}, got {m[key]!r}")
     rungs = m["rungs"]
     if rungs is not None and (problem := rungs_problem(rungs)) is not None:
         raise ConfigError(f"{source}: multi_fidelity.rungs must be {problem}, got {rungs!r}")
+    if (problem := eta_problem(m["eta"], rungs)) is not None:
+        raise ConfigError(
+            f"{source}: multi_fidelity.eta must be {problem} (the best 1/eta of a rung is promoted), "
+            f"got {m['eta']!r}"
+        )
+    most = m["eta"] if isinstance(m["eta"], int) else max(m["eta"])
+    for key, least in (("min_fidelity", 0), ("max_fidelity", 1), ("window", most)):
+        if m[key] is not None and m[key] < least:
+            raise ConfigError(f"{source}: multi_fidelity.{key} must be an integer >= {least}, got {m[key]!r}")
     if rungs is not None and m["max_fidelity"] is not None and m["max_fidelity"] != rungs[-1]:
         raise ConfigError(
             f"{source}: multi_fidelity.max_fidelity {m['max_fidelity']} disagrees with the top of "

@@ -22,6 +22,11 @@ result (`Strategy.hear_promotion`), so that it can prefer what earned more train
 lowest rung is only a look at the untrained network, the architectures that went on to train well.
 Higher rungs decide what the run reports as its best (`einspace.search.compute.incumbent`).
 
+`eta` may be a list, one per rung below the top: each rung promotes its own share. Looks at 0
+epochs are cheap and coarse, so a run may promote the best sixth of them and then the best third
+of each trained rung, whose fidelities grow threefold: with one eta of 6 over four rungs the
+first tree reaches the top after 6 x 6 x 6 looks, with [6, 3, 3] after 6 x 3 x 3.
+
 A result is ranked against every result its rung ever held, so under a strategy that improves (the
 children of regularised evolution beat its first random trees) far more than 1/eta of a rung is
 promoted; `einspace report` shows the share each rung promoted. A larger eta over the same
@@ -49,7 +54,15 @@ from typing import Any
 from einspace.errors import EinspaceError
 from einspace.search.strategy import Candidate, Strategy
 
-__all__ = ["PROMOTION", "STRATEGY_FITNESS", "SuccessiveHalving", "default_rungs", "rungs_problem"]
+__all__ = [
+    "PROMOTION",
+    "STRATEGY_FITNESS",
+    "SuccessiveHalving",
+    "default_rungs",
+    "eta_problem",
+    "rung_etas",
+    "rungs_problem",
+]
 
 #: The origin of an evaluation that trains an earlier one's tree at the next rung.
 PROMOTION = "promotion"
@@ -78,6 +91,25 @@ def rungs_problem(rungs: Sequence[int]) -> str | None:
     if len(rungs) < 2 or any(b <= a for a, b in zip(rungs, rungs[1:], strict=False)):
         return "two or more strictly increasing fidelities"
     return None
+
+
+def eta_problem(eta: int | Sequence[int], rungs: Sequence[int] | None = None) -> str | None:
+    """What keeps `eta` from being successive halving's promotion rate (None: nothing): an integer
+    >= 2, or a list of them, one per rung below the top of `rungs` (where they are known)."""
+    if isinstance(eta, Sequence) and not isinstance(eta, str):
+        if not eta or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 2 for e in eta):
+            return "an integer >= 2 or a list of them, one per rung below the top"
+        if rungs is not None and len(eta) != len(rungs) - 1:
+            return f"one integer per rung below the top ({len(rungs) - 1} for rungs {list(rungs)})"
+        return None
+    if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
+        return "an integer >= 2 or a list of them, one per rung below the top"
+    return None
+
+
+def rung_etas(eta: int | Sequence[int], rungs: Sequence[int]) -> list[int]:
+    """The promotion rate of each rung below the top (`eta` checked by `eta_problem`)."""
+    return [eta] * (len(rungs) - 1) if isinstance(eta, int) else list(eta)
 
 
 class _Rung:
@@ -173,9 +205,9 @@ class _Rung:
 
 class SuccessiveHalving(Strategy):
     """ASHA over `base`: rungs are increasing fidelities (the evaluator's `fidelity_setting`,
-    epochs for training), eta >= 2 the promotion rate. Candidate ids are this scheduler's own
-    (one per evaluation, every rung); `evaluations` stays the wrapped strategy's budget of new
-    architectures, and promotions come on top of it."""
+    epochs for training), eta >= 2 the promotion rate (or one per rung below the top). Candidate
+    ids are this scheduler's own (one per evaluation, every rung); `evaluations` stays the
+    wrapped strategy's budget of new architectures, and promotions come on top of it."""
 
     name = "successive_halving"
 
@@ -183,24 +215,26 @@ class SuccessiveHalving(Strategy):
         self,
         base: Strategy,
         rungs: Sequence[int],
-        eta: int = 3,
+        eta: int | Sequence[int] = 3,
         strategy_fitness: str = "lowest_rung",
         window: int | None = None,
     ):
-        if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
-            raise EinspaceError(f"successive halving needs an integer eta >= 2, got {eta!r}")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < eta):
-            raise EinspaceError(
-                f"successive halving needs a window of at least eta ({eta}) results, got {window!r}"
-            )
         if (problem := rungs_problem(rungs)) is not None:
             raise EinspaceError(f"successive halving needs rungs that are {problem}, got {list(rungs)}")
+        if (problem := eta_problem(eta, rungs)) is not None:
+            raise EinspaceError(f"successive halving needs an eta that is {problem}, got {eta!r}")
+        most = max(rung_etas(eta, rungs))
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < most):
+            raise EinspaceError(
+                f"successive halving needs a window of at least eta ({most}) results, got {window!r}"
+            )
         if strategy_fitness not in STRATEGY_FITNESS:
             known = " or ".join(map(repr, STRATEGY_FITNESS))
             raise EinspaceError(
                 f"successive halving's strategy_fitness must be {known}, got {strategy_fitness!r}"
             )
-        self.base, self.rungs, self.eta, self.window = base, list(rungs), eta, window
+        self.base, self.rungs, self.window = base, list(rungs), window
+        self.eta = eta if isinstance(eta, int) else list(eta)  # as given: the checkpoint says which
         self.strategy_fitness = strategy_fitness
         self.space, self.evaluations = base.space, base.evaluations
         self.reports_mean = base.reports_mean
@@ -210,11 +244,16 @@ class SuccessiveHalving(Strategy):
         self._reset()
 
     def _reset(self) -> None:
-        self._levels = [_Rung(self.eta, self.window) for _ in self.rungs]
+        self._levels = [_Rung(eta, self.window) for eta in self._etas()]
         self._job_of_base: dict[int, int] = {}  # the wrapped strategy's id -> the job at the lowest rung
         # job -> the wrapped strategy's id of its tree: jobs in flight, and (highest_rung) results
         # not promoted yet
         self._base_of_job: dict[int, int] = {}
+
+    def _etas(self) -> list[int]:
+        """The promotion rate of every rung (the top rung's is never used: nothing is promoted from it)."""
+        etas = rung_etas(self.eta, self.rungs)
+        return [*etas, etas[-1]]
 
     # ---------------------------------------------------------------- the contract
     def ask(self) -> Candidate | None:
@@ -344,7 +383,10 @@ class SuccessiveHalving(Strategy):
         self.next_id = int(state["next_id"])
         self._pending = {c.id: c for c in map(Candidate.from_json, state["pending"])}
         self._reset()
-        self._levels = [_Rung.from_json(level, self.eta, self.window) for level in state["levels"]]
+        self._levels = [
+            _Rung.from_json(level, eta, self.window)
+            for level, eta in zip(state["levels"], self._etas(), strict=True)
+        ]
         self._base_of_job = {int(job): int(base) for job, base in state["base_of_job"]}
         self._job_of_base = {int(base): int(job) for base, job in state["job_of_base"]}
 

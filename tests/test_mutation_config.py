@@ -20,7 +20,7 @@ from einspace.search.config import Experiment, MultiFidelitySection, _section_sp
 #: list in a file, None allows null.
 _MULTI_FIDELITY = {
     "scheduler": ((str,), "none"),
-    "eta": ((int,), 3),
+    "eta": ((int, list), 3),  # one for every rung, or one per rung below the top
     "window": ((int, None), None),
     "min_fidelity": ((int,), 1),
     "max_fidelity": ((int, None), None),
