@@ -372,7 +372,13 @@ class SuccessiveHalving(Strategy):
             state.get("window"),
             state.get("strategy_fitness", "lowest_rung"),
         )
-        if saved != (self.rungs, self.eta, self.window, self.strategy_fitness):
+        rungs, eta, window, strategy_fitness = saved  # an eta of 3 and one of [3, 3] promote alike
+        if (rungs, rung_etas(eta, rungs), window, strategy_fitness) != (
+            self.rungs,
+            rung_etas(self.eta, self.rungs),
+            self.window,
+            self.strategy_fitness,
+        ):
             raise EinspaceError(
                 "checkpoint has rungs {}, eta {}, window {} and strategy_fitness {!r}, "
                 "not {}, {}, {} and {!r}".format(

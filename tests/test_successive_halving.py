@@ -18,7 +18,7 @@ from einspace.evaluators.base import task_settings
 from einspace.search.config import ConfigError
 from einspace.search.loop import SearchRun
 from einspace.search.strategy import SearchSpace, get_strategy
-from einspace.search.successive_halving import SuccessiveHalving, default_rungs
+from einspace.search.successive_halving import SuccessiveHalving, default_rungs, rung_etas
 
 SPACE = SearchSpace(load_grammar("einspace"), input_state((3, 16, 16)), Limits(max_depth=12, max_nodes=80))
 RE = {"evaluations": 40, "population": 8, "tournament": 3}
@@ -35,7 +35,7 @@ def wrapped(
     name: str = "regularised_evolution",
     seed: int = 0,
     rungs=(1, 3, 9),
-    eta: int = 3,
+    eta: int | tuple[int, ...] = 3,
     strategy_fitness: str = "lowest_rung",
     window: int | None = None,
 ) -> SuccessiveHalving:
@@ -87,10 +87,31 @@ def test_default_rungs_are_geometric_up_to_the_top(low, high, eta, rungs):
     assert default_rungs(low, high, eta) == rungs
 
 
-@pytest.mark.parametrize(("rungs", "eta"), [((1,), 3), ((3, 1), 3), ((1, 1), 3), ((-1, 2), 3), ((1, 3), 1)])
+@pytest.mark.parametrize(
+    ("rungs", "eta"),
+    [
+        ((1,), 3),
+        ((3, 1), 3),
+        ((1, 1), 3),
+        ((-1, 2), 3),
+        ((1, 3), 1),
+        ((1, 3), True),
+        ((1, 3, 9), (3,)),  # one per rung below the top: two
+        ((1, 3, 9), (3, 3, 3)),
+        ((1, 3, 9), (3, 1)),
+        ((1, 3, 9), (3, True)),
+        ((1, 3, 9), ()),
+    ],
+)
 def test_bad_rungs_or_eta_are_refused(rungs, eta):
     with pytest.raises(EinspaceError, match="successive halving needs"):
         wrapped(rungs=rungs, eta=eta)
+
+
+def test_a_window_narrower_than_any_rung_s_eta_is_refused():
+    wrapped(eta=(2, 6), window=6)
+    with pytest.raises(EinspaceError, match=r"a window of at least eta \(6\) results, got 5"):
+        wrapped(eta=(2, 6), window=5)
 
 
 def test_an_unknown_strategy_fitness_is_refused():
@@ -100,11 +121,14 @@ def test_an_unknown_strategy_fitness_is_refused():
         wrapped(strategy_fitness="best")
 
 
+@pytest.mark.parametrize("eta", [3, (2, 4), (4, 2)])
 @pytest.mark.parametrize("name", ["regularised_evolution", "random_search"])
-def test_promotions_follow_the_asha_rule(name):
-    """Each promotion is of a result in its rung's top 1/eta when it was made, of a tree that did
-    not fail, never twice; when the run is done, every rung's top 1/eta has been promoted."""
-    s = wrapped(name)
+def test_promotions_follow_the_asha_rule(name, eta):
+    """Each promotion is of a result in its rung's top 1/eta (that rung's eta, where each has
+    its own) when it was made, of a tree that did not fail, never twice; when the run is done,
+    every rung's top 1/eta has been promoted."""
+    s = wrapped(name, eta=eta)
+    etas = dict(zip(s.rungs, rung_etas(eta, s.rungs), strict=False))
     asked, results = [], {}  # job id -> (fidelity, fitness)
     outstanding = []
     while not s.done:
@@ -115,7 +139,7 @@ def test_promotions_follow_the_asha_rule(name):
                 assert c.fidelity == s.rungs[s.rungs.index(low) + 1]
                 peers = sorted((f for fid, f in results.values() if fid == low), reverse=True)
                 assert math.isfinite(results[parent][1])
-                assert results[parent][1] >= peers[len(peers) // s.eta - 1]  # within the top 1/eta
+                assert results[parent][1] >= peers[len(peers) // etas[low] - 1]  # within the top 1/eta
             else:
                 assert c.fidelity == s.rungs[0]
             asked.append(c)
@@ -133,7 +157,7 @@ def test_promotions_follow_the_asha_rule(name):
             if c.fidelity == low and c.tree not in first:
                 first[c.tree] = (results[c.id][1], c.id)
         ranked = sorted(first, key=lambda t: (-first[t][0], first[t][1]))
-        top = [t for t in ranked[: len(ranked) // s.eta] if math.isfinite(first[t][0])]
+        top = [t for t in ranked[: len(ranked) // etas[low]] if math.isfinite(first[t][0])]
         assert set(top) <= {c.tree for c in asked if c.fidelity == high}  # done: none left behind
 
 
@@ -255,16 +279,17 @@ def test_seeds_are_promoted_to_the_top_whatever_their_rank():
 
 
 @pytest.mark.parametrize(
-    ("strategy_fitness", "window"), [("lowest_rung", None), ("highest_rung", None), ("lowest_rung", 6)]
+    ("strategy_fitness", "window", "eta"),
+    [("lowest_rung", None, 3), ("highest_rung", None, 3), ("lowest_rung", 6, 3), ("lowest_rung", 6, (2, 4))],
 )
 @pytest.mark.parametrize("stop_after", [1, 7, 19, 33])
-def test_checkpoint_resumes_exactly(stop_after, strategy_fitness, window):
+def test_checkpoint_resumes_exactly(stop_after, strategy_fitness, window, eta):
     """A scheduler restored from the JSON checkpoint at any point asks what the original would,
     and its strategy hears the same promotions."""
     heard = []
 
     def make() -> SuccessiveHalving:
-        s = wrapped(seed=5, strategy_fitness=strategy_fitness, window=window)
+        s = wrapped(seed=5, eta=eta, strategy_fitness=strategy_fitness, window=window)
         hear = s.base.hear_promotion
         s.base.hear_promotion = lambda i, rung, f: (heard.append((i, rung, f)), hear(i, rung, f))
         return s
@@ -291,6 +316,9 @@ def test_a_checkpoint_of_other_rungs_is_refused():
         wrapped(strategy_fitness="highest_rung").load_state_dict(s.state_dict())
     with pytest.raises(EinspaceError, match="window None .* not .* 6"):
         wrapped(window=6).load_state_dict(s.state_dict())
+    with pytest.raises(EinspaceError, match=r"eta 3, .* not \[1, 3, 9\], \[3, 6\]"):
+        wrapped(eta=(3, 6)).load_state_dict(s.state_dict())
+    wrapped(eta=(3, 3)).load_state_dict(s.state_dict())  # the same rate at every rung, as a list
     with pytest.raises(EinspaceError, match="successive halving switched on"):
         wrapped().load_state_dict(s.base.state_dict())
 
@@ -328,6 +356,18 @@ def test_a_search_trains_each_rung_at_its_fidelity_and_resumes_exactly(tmp_path,
         assert history_key(run.store.history()) == history_key(reference)
 
 
+def test_an_experiment_s_eta_may_be_one_per_rung_below_the_top(tmp_path):
+    e = experiment(
+        tmp_path,
+        evaluator={"name": "test_fidelity", "settings": {"epochs": 9}},
+        multi_fidelity={"scheduler": "successive_halving", "eta": [2, 4], "rungs": [1, 3, 9]},
+    )
+    assert e.multi_fidelity.eta == (2, 4)
+    s = e.make_strategy()
+    assert [level.eta for level in s._levels[:-1]] == [2, 4]
+    assert json.loads(json.dumps(s.state_dict()))["eta"] == [2, 4]
+
+
 def test_each_rung_s_task_names_the_top_rung_which_the_training_evaluator_hears(tmp_path):
     e = experiment(
         tmp_path,
@@ -360,6 +400,17 @@ def test_async_search_with_kills_promotes_nothing_twice(tmp_path):
 
 BAD = [
     ({"eta": 1}, "multi_fidelity.eta must be an integer >= 2"),
+    ({"eta": "3"}, "multi_fidelity.eta must be an integer or a list, got str '3'"),
+    ({"eta": [3, 1], "rungs": [1, 3, 9]}, "multi_fidelity.eta must be an integer >= 2 or a list of them"),
+    (
+        {"eta": [3], "rungs": [1, 3, 9]},
+        r"multi_fidelity.eta must be one integer per rung below the top \(2 for rungs \[1, 3, 9\]\)",
+    ),
+    ({"eta": [3, 3]}, r"multi_fidelity.eta: a list of etas .* needs explicit multi_fidelity.rungs"),
+    (
+        {"eta": [2, 6], "rungs": [1, 3, 9], "window": 5},
+        "multi_fidelity.window must be an integer >= 6, got 5",
+    ),
     ({"rungs": [3, 1]}, "multi_fidelity.rungs must be two or more strictly increasing"),
     ({"rungs": [2]}, "multi_fidelity.rungs must be two or more strictly increasing"),
     ({"rungs": [1, 2.5]}, "multi_fidelity.rungs must be integers >= 0"),
