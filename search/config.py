@@ -227,11 +227,6 @@ class MultiFidelitySection:
             rungs, key = list(self.rungs), "multi_fidelity.rungs"
         else:
             top = self.max_fidelity if self.max_fidelity is not None else full
-            if not isinstance(self.eta, int):
-                raise ConfigError(
-                    f"{source}: multi_fidelity.eta: a list of etas (one per rung below the top) needs "
-                    f"explicit multi_fidelity.rungs; got eta {list(self.eta)} without them"
-                )
             rungs, key = default_rungs(self.min_fidelity, top, self.eta), "multi_fidelity.max_fidelity"
         if rungs[-1] > full:
             raise ConfigError(f"{source}: {key}: the top rung {rungs[-1]} is above {setting} ({full})")
@@ -512,10 +507,7 @@ def _check_multi_fidelity(m: dict[str, Any], source: str) -> None:
     if rungs is not None and (problem := rungs_problem(rungs)) is not None:
         raise ConfigError(f"{source}: multi_fidelity.rungs must be {problem}, got {rungs!r}")
     if (problem := eta_problem(m["eta"], rungs)) is not None:
-        raise ConfigError(
-            f"{source}: multi_fidelity.eta must be {problem} (the best 1/eta of a rung is promoted), "
-            f"got {m['eta']!r}"
-        )
+        raise ConfigError(f"{source}: multi_fidelity.eta must be {problem}, got {m['eta']!r}")
     most = m["eta"] if isinstance(m["eta"], int) else max(m["eta"])
     for key, least in (("min_fidelity", 0), ("max_fidelity", 1), ("window", most)):
         if m[key] is not None and m[key] < least:

@@ -25,7 +25,7 @@ Higher rungs decide what the run reports as its best (`einspace.search.compute.i
 `eta` may be a list, one per rung below the top: each rung promotes its own share. Looks at 0
 epochs are cheap and coarse, so a run may promote the best sixth of them and then the best third
 of each trained rung, whose fidelities grow threefold: with one eta of 6 over four rungs the
-first tree reaches the top after 6 x 6 x 6 looks, with [6, 3, 3] after 6 x 3 x 3.
+first tree reaches the top after 6 x 6 x 6 looks at the earliest, with [6, 3, 3] after 6 x 3 x 3.
 
 A result is ranked against every result its rung ever held, so under a strategy that improves (the
 children of regularised evolution beat its first random trees) far more than 1/eta of a rung is
@@ -93,13 +93,16 @@ def rungs_problem(rungs: Sequence[int]) -> str | None:
     return None
 
 
-def eta_problem(eta: int | Sequence[int], rungs: Sequence[int] | None = None) -> str | None:
+def eta_problem(eta: int | Sequence[int], rungs: Sequence[int] | None) -> str | None:
     """What keeps `eta` from being successive halving's promotion rate (None: nothing): an integer
-    >= 2, or a list of them, one per rung below the top of `rungs` (where they are known)."""
+    >= 2, or a list of them, one per rung below the top of `rungs` (None: the rungs are not given
+    but worked out from min_fidelity and eta, so a list has no rungs to match)."""
     if isinstance(eta, Sequence) and not isinstance(eta, str):
         if not eta or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 2 for e in eta):
             return "an integer >= 2 or a list of them, one per rung below the top"
-        if rungs is not None and len(eta) != len(rungs) - 1:
+        if rungs is None:
+            return "one integer where the rungs are not given (a list needs explicit multi_fidelity.rungs)"
+        if len(eta) != len(rungs) - 1:
             return f"one integer per rung below the top ({len(rungs) - 1} for rungs {list(rungs)})"
         return None
     if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:

@@ -406,7 +406,7 @@ BAD = [
         {"eta": [3], "rungs": [1, 3, 9]},
         r"multi_fidelity.eta must be one integer per rung below the top \(2 for rungs \[1, 3, 9\]\)",
     ),
-    ({"eta": [3, 3]}, r"multi_fidelity.eta: a list of etas .* needs explicit multi_fidelity.rungs"),
+    ({"eta": [3, 3]}, r"multi_fidelity.eta must be one integer where .* needs explicit multi_fidelity.rungs"),
     (
         {"eta": [2, 6], "rungs": [1, 3, 9], "window": 5},
         "multi_fidelity.window must be an integer >= 6, got 5",
