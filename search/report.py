@@ -119,7 +119,25 @@ def compute_rows(
         fidelities.append((f"fidelity {label}", spent))
     if s.resumable:
         fidelities.append(("promotions continued from a saved state", f"{s.continued} of {s.resumable}"))
-    return rows, fidelities + _agreement_rows(s.promotion_pairs) + details
+    return rows, fidelities + _top_rung_rows(h, checkpoint) + _agreement_rows(s.promotion_pairs) + details
+
+
+def _top_rung_rows(h: Columns, checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Where successive halving's top rung holds no scored result yet: the best is a snapshot of a
+    lower rung, which a short search with a large eta per rung may never get past."""
+    from einspace.search.strategy import saved_state
+
+    rungs = (saved_state(checkpoint, "rungs") or {}).get("rungs")
+    best = compute.incumbents(h)[-1] if rungs and h.status else None
+    if best is None or h.fidelity[best] == rungs[-1]:
+        return []
+    return [
+        (
+            "top rung",
+            f"{rungs[-1]} not reached: the best is a result at fidelity {h.fidelity[best]}, before full "
+            "training (more compute, or promote more of the upper rungs: a list of etas)",
+        )
+    ]
 
 
 def _agreement_rows(pairs: dict[tuple[int, int], list[tuple[float, float]]]) -> list[tuple[str, str]]:

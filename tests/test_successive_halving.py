@@ -14,9 +14,11 @@ from search_helpers import BASE, experiment, history_key, merge
 from einspace import Limits, input_state, load_grammar
 from einspace.cli import main
 from einspace.errors import EinspaceError
-from einspace.evaluators.base import task_settings
+from einspace.evaluators.base import Cost, task_settings
 from einspace.search.config import ConfigError
 from einspace.search.loop import SearchRun
+from einspace.search.report import compute_rows
+from einspace.search.store import Record
 from einspace.search.strategy import SearchSpace, get_strategy
 from einspace.search.successive_halving import SuccessiveHalving, default_rungs, rung_etas
 
@@ -479,3 +481,27 @@ def test_a_free_slot_always_gets_work_while_the_wrapped_strategy_has_some():
         if nxt is not None:
             outstanding.append(nxt)
     assert s.done
+
+
+def test_the_report_says_when_no_result_reached_the_top_rung():
+    """A short search may end with its best a lower rung's snapshot; the report says so, and says
+    nothing once a result reached the top or where no scheduler's rungs are known."""
+
+    def record(i: int, fidelity: int, fitness: float) -> Record:
+        cost = Cost(cpu_seconds=1.0).to_json()
+        return Record(
+            i, f"(S t{i})", f"h{i}", "sampled", fidelity=fidelity, status="ok", fitness=fitness, cost=cost
+        )
+
+    history = [record(0, 0, 0.9), record(1, 1, 0.8), record(2, 3, 0.85), record(3, 1, 0.95)]
+    checkpoint = wrapped(rungs=(0, 1, 3, 8)).state_dict()
+    _, rows = compute_rows(history, checkpoint)
+    top = [text for what, text in rows if what == "top rung"]
+    assert top == [
+        "8 not reached: the best is a result at fidelity 3, before full training "
+        "(more compute, or promote more of the upper rungs: a list of etas)"
+    ]
+    _, rows = compute_rows([*history, record(4, 8, 0.5)], checkpoint)
+    assert "top rung" not in dict(rows)
+    _, rows = compute_rows(history)  # no checkpoint: the rungs are not known
+    assert "top rung" not in dict(rows)
