@@ -97,16 +97,18 @@ def eta_problem(eta: int | Sequence[int], rungs: Sequence[int] | None) -> str | 
     """What keeps `eta` from being successive halving's promotion rate (None: nothing): an integer
     >= 2, or a list of them, one per rung below the top of `rungs` (None: the rungs are not given
     but worked out from min_fidelity and eta, so a list has no rungs to match)."""
-    if isinstance(eta, Sequence) and not isinstance(eta, str):
-        if not eta or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 2 for e in eta):
-            return "an integer >= 2 or a list of them, one per rung below the top"
+
+    def valid(e: object) -> bool:
+        return isinstance(e, int) and not isinstance(e, bool) and e >= 2
+
+    is_list = isinstance(eta, Sequence) and not isinstance(eta, str)
+    if not ((len(eta) > 0 and all(map(valid, eta))) if is_list else valid(eta)):
+        return "an integer >= 2 or a list of them, one per rung below the top"
+    if is_list:
         if rungs is None:
             return "one integer where the rungs are not given (a list needs explicit multi_fidelity.rungs)"
         if len(eta) != len(rungs) - 1:
             return f"one integer per rung below the top ({len(rungs) - 1} for rungs {list(rungs)})"
-        return None
-    if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
-        return "an integer >= 2 or a list of them, one per rung below the top"
     return None
 
 
