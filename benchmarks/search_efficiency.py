@@ -130,7 +130,9 @@ total, averaged over seeds; a seed that never reaches it fails the target; and, 
 curves, the compute at which the mean over seeds of RE+SH's incumbent reaches the mean of RE's
 final bests, over RE's mean compute: one seed's luck counts less there; beside it, the 5th-95th
 percentiles of that reading over BOOTSTRAP_DRAWS resamplings of the seeds, how much it owes to
-which seeds ran), (b) at most 10% of
+which seeds ran; and the mean incumbent at the target's share of RE's mean compute, with RE's own
+then: where both mean curves are flat near RE's final best, the share moves far between runs of the
+same seeds, and this says how far from the target a method is), (b) at most 10% of
 each method's compute (over its seeds) went to failed evaluations, (c) on motifs the best method
 from scratch (by mean test accuracy) beats the plain-torch MLP; issue 26's: RE+all reaches RE's
 final best with at most 1/5 of its compute ((a) again), (s) a screening method's surrogate ranks
@@ -824,6 +826,12 @@ def mean_curve_reading(
     return float(best.mean()), share(every), float(low), float(high)
 
 
+def mean_best_at(curves: dict[int, Curve], seeds: list[int], compute: float) -> float:
+    """The mean over `seeds` of the incumbent at `compute` (0 before a curve's first result)."""
+    at = np.array([compute])
+    return float(np.mean([np.nan_to_num(_on_grid(curves[s], at), nan=0.0)[0] for s in seeds]))
+
+
 def _share(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:.2f}"
 
@@ -956,6 +964,14 @@ def targets(task: Task, rows: list[dict[str, Any]], searches: list[str]) -> list
             f"{sh}'s best so far reached {ref}'s mean final best ({100 * target:.1f}%) with "
             f"{_share(share)} of {ref}'s mean compute (5-95% over resampled seeds: "
             f"{_share(low)}-{_share(high)})"
+        )
+        seeds = sorted(set(curves) & set(ref_runs))
+        at = statistics.fmean(ref_runs[s]["total"] for s in seeds) / speedup
+        ref_curves = {s: ref_runs[s]["curve"] for s in seeds}
+        lines.append(
+            f"    at {1 / speedup:.2f} of {ref}'s mean compute ({at:.0f} s) the mean best so far is "
+            f"{100 * mean_best_at(curves, seeds, at):.1f}% ({ref}'s then: "
+            f"{100 * mean_best_at(ref_curves, seeds, at):.1f}%), against {ref}'s mean final best"
         )
     if not lines:
         lines.append("(a) not measured: needs RE and RE+SH (from the same start)")
