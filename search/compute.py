@@ -145,6 +145,7 @@ class ComputeSummary:
     #: (lower fidelity, fidelity) -> (result at the lower, result at the fidelity) of each tree
     #: promoted between them that scored at both: how well a rung foretells the next
     promotion_pairs: dict[tuple[int, int], list[tuple[float, float]]] = field(default_factory=dict)
+    incumbent: int | None = None  # the history row of the current incumbent (None: no result)
 
     @property
     def wasted_share(self) -> float:
@@ -189,6 +190,7 @@ def summarise(history: Columns | Sequence[Record]) -> ComputeSummary:
         continued,
         dict(promoted_from),
         pairs,
+        best,
     )
 
 

@@ -119,17 +119,18 @@ def compute_rows(
         fidelities.append((f"fidelity {label}", spent))
     if s.resumable:
         fidelities.append(("promotions continued from a saved state", f"{s.continued} of {s.resumable}"))
-    return rows, fidelities + _top_rung_rows(h, checkpoint) + _agreement_rows(s.promotion_pairs) + details
+    top_rung = _top_rung_rows(h, s.incumbent, checkpoint)
+    return rows, fidelities + top_rung + _agreement_rows(s.promotion_pairs) + details
 
 
-def _top_rung_rows(h: Columns, checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """Where successive halving's top rung holds no scored result yet: the best is a snapshot of a
-    lower rung, which a short search with a large eta per rung may never get past."""
+def _top_rung_rows(h: Columns, best: int | None, checkpoint: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Where successive halving's top rung holds no scored result yet (`best`: the incumbent's
+    row): the best is a snapshot of a lower rung, which a short search with a large eta per rung
+    may never get past."""
     from einspace.search.strategy import saved_state
 
     rungs = (saved_state(checkpoint, "rungs") or {}).get("rungs")
-    best = compute.incumbents(h)[-1] if rungs and h.status else None
-    if best is None or h.fidelity[best] == rungs[-1]:
+    if not rungs or best is None or h.fidelity[best] == rungs[-1]:
         return []
     return [
         (
